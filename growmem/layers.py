@@ -1,0 +1,261 @@
+"""Flax modules: growing layers and networks, and the parametric baselines.
+
+A :class:`GrowingLayer` keeps its rows in the ``"memory"`` collection as a
+:class:`growmem.memory.Memory` whose static ``spec`` says how it retrieves and
+grows. Its output is wrapped with ``Module.perturb("s", ...)`` so one backward
+pass gives ``g = ∂L/∂s`` for every growing layer, and it sows ``q`` and ``s``
+into ``"intermediates"``; :mod:`growmem.train` turns these into new rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from . import kernels, memory as memlib, rules
+
+GRAD_UNITS = ("per_sample", "batch_mean")
+INITS = ("empty", "random", "zeros")
+_KERNEL_RULES = {"linear": ("sgd",), "rbf": ("sgd",), "weighted_softmax": ("weighted_softmax", "gauge")}
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowingSpec:
+    """Static description of one growing layer (hashable: it lives in the pytree metadata).
+
+    kernel       ``linear`` | ``rbf`` | ``weighted_softmax``
+    temperature  ``T`` of Eq. 8 / Alg. 5 (ignored by ``linear``)
+    rule         ``sgd`` (linear, rbf) | ``weighted_softmax`` (Alg. 3) | ``gauge`` (Alg. 2)
+    hyper        rule hyperparameters as sorted ``(name, value)`` pairs (η, β, α, clip, eps)
+    grad_unit    ``per_sample``: rules see ``g_n = ∂ℓ_n/∂s_n`` (the unit of Algs. 3–5; the
+                 trainer multiplies the batch-mean gradient by B); ``batch_mean``: rules
+                 see ``∂(mean loss)/∂s_n = g_n / B`` (the unit of the paper's gauge settings)
+    momentum     μ of the timestamp momentum (Eq. 23/91); 0 disables it
+    init         D0: ``empty``; ``random`` (F.3: ``init_rows`` RMS-normalised N(0,1) keys
+                 and values, w = 1/init_rows); ``zeros`` (F.4: zero keys and values, w = 1/B)
+    init_rows    rows of D0 (the paper uses the batch size B)
+    chunk        rows per retrieval chunk
+    """
+
+    kernel: str = "weighted_softmax"
+    temperature: float = 1.0
+    rule: str = "weighted_softmax"
+    hyper: tuple = (("beta", 1.0), ("eta", 1.0))
+    grad_unit: str = "per_sample"
+    momentum: float = 0.0
+    init: str = "empty"
+    init_rows: int = 0
+    chunk: int = kernels.DEFAULT_CHUNK
+
+    def __post_init__(self):
+        if self.kernel not in _KERNEL_RULES:
+            raise ValueError(f"unknown kernel {self.kernel!r}; choose one of {sorted(_KERNEL_RULES)}")
+        if self.rule not in _KERNEL_RULES[self.kernel]:
+            raise ValueError(f"rule {self.rule!r} does not fit kernel {self.kernel!r}; "
+                             f"use one of {_KERNEL_RULES[self.kernel]}")
+        allowed = rules.RULE_HYPER[self.rule]
+        unknown = {k for k, _ in self.hyper} - allowed
+        if unknown:
+            raise ValueError(f"rule {self.rule!r} takes hyperparameters {sorted(allowed)}, got {sorted(unknown)}")
+        if self.grad_unit not in GRAD_UNITS:
+            raise ValueError(f"grad_unit must be one of {GRAD_UNITS}, got {self.grad_unit!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.init != "empty" and self.init_rows <= 0:
+            raise ValueError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
+        if self.kernel != "linear" and not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
+        if self.chunk <= 0:
+            raise ValueError(f"chunk must be positive, got {self.chunk}")
+
+    @classmethod
+    def make(cls, kernel="weighted_softmax", rule=None, **kw) -> "GrowingSpec":
+        """Build a spec; rule hyperparameters (eta, beta, alpha, clip, eps) go in as keywords."""
+        rule = rule or ("sgd" if kernel in ("linear", "rbf") else "weighted_softmax")
+        hyper = {k: kw.pop(k) for k in list(kw) if k in rules.RULE_HYPER.get(rule, ())}
+        return cls(kernel=kernel, rule=rule, hyper=tuple(sorted(hyper.items())), **kw)
+
+    @property
+    def hyperparameters(self) -> dict:
+        return dict(self.hyper)
+
+    def candidate_rows(self, q, s, g) -> rules.Rows:
+        """Rows that the rule proposes for ``(q, s, g)`` (``g`` already in ``grad_unit``)."""
+        return rules.get(self.rule)(q, s, g, **self.hyperparameters)
+
+
+def rms_norm(x, eps: float = 1e-6):
+    """RMSNorm without learned scale: ``‖RMSNorm(x)‖ = √d``."""
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def momentum_coeff(born, t, mu: float):
+    """Eq. 23/91: ``c(t, born) = (1 - μ^{t - born + 1}) / (1 - μ)``; 1 for initial rows (born < 0)."""
+    age = jnp.maximum(t - born, 0).astype(jnp.float32)
+    c = (1.0 - mu ** (age + 1.0)) / (1.0 - mu)
+    return jnp.where(born < 0, 1.0, c)
+
+
+def init_memory(spec: GrowingSpec, d_in: int, d_out: int, capacity: int, key) -> memlib.Memory:
+    """The layer's D0 (Alg. 3 / F.3, F.4) in a memory of the given capacity."""
+    if spec.init == "empty":
+        return memlib.empty(d_in, d_out, capacity, spec=spec)
+    b = spec.init_rows
+    w = jnp.full((b,), 1.0 / b)
+    if spec.init == "random":
+        kk, kv = jax.random.split(key)
+        k = rms_norm(jax.random.normal(kk, (b, d_in)))
+        v = rms_norm(jax.random.normal(kv, (b, d_out)))
+        # the table stores ṽ = w·v for the weighted softmax (Eq. 8)
+        v = v * w[:, None] if spec.kernel == "weighted_softmax" else v
+    else:
+        k, v = jnp.zeros((b, d_in)), jnp.zeros((b, d_out))
+    return memlib.from_rows(w, k, v, capacity=max(capacity, b), spec=spec)
+
+
+def retrieve(mem: memlib.Memory, q, t=None):
+    """Kernel retrieval over a memory, with its momentum coefficients (no ``W0 q``)."""
+    spec = mem.spec
+    coeff = None
+    if spec.momentum > 0:
+        coeff = momentum_coeff(mem.born, mem.t if t is None else t, spec.momentum)
+    return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
+                            coeff=coeff, size=mem.size, chunk=spec.chunk)
+
+
+class GrowingLayer(nn.Module):
+    """One growing layer ``s = retrieve(memory, q)`` (+ ``W0 q`` for the linear kernel, Eq. 1).
+
+    ``W0`` lives in the ``"frozen"`` collection: in the dual form it is the initial
+    weight matrix and all learning is in the rows.
+    """
+
+    spec: GrowingSpec
+    d_out: int
+    capacity: int = memlib.ROW_QUANTUM
+
+    @nn.compact
+    def __call__(self, q):
+        if q.ndim != 2:
+            raise ValueError(f"{self.name}: expected q of shape (B, d_in), got {q.shape}")
+        d_in = q.shape[-1]
+        mem_var = self.variable("memory", "rows", lambda: init_memory(
+            self.spec, d_in, self.d_out, self.capacity, self.make_rng("params")))
+        mem = mem_var.value
+        if mem.d_in != d_in:
+            raise ValueError(f"{self.name}: memory keys have d_in={mem.d_in} but the query has {d_in}")
+        s = retrieve(mem, q)
+        if self.spec.kernel == "linear":
+            w0 = self.variable("frozen", "W0", lambda: nn.initializers.lecun_normal()(
+                self.make_rng("params"), (d_in, self.d_out))).value
+            s = s + q @ w0
+        s = self.perturb("s", s)
+        self.sow("intermediates", "q", q)
+        self.sow("intermediates", "s", s)
+        return s
+
+
+class ResidualGrowingNet(nn.Module):
+    """Eq. 13: ``e ← e + g_D(RMSNorm(e))`` for L blocks, then a growing readout on RMSNorm(e).
+
+    ``block`` and ``readout`` are the specs of the residual blocks and the readout;
+    residual blocks keep ``d_out = d_e``. ``nonlinearity`` (optional) is applied to
+    each block output (None for RBF / weighted softmax, whose kernel is nonlinear).
+    """
+
+    d_out: int
+    n_blocks: int = 0
+    block: Optional[GrowingSpec] = None
+    readout: GrowingSpec = GrowingSpec()
+    capacity: int = memlib.ROW_QUANTUM
+    nonlinearity: Optional[Callable] = None
+    normalize: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        if self.n_blocks < 0:
+            raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
+        norm = rms_norm if self.normalize else (lambda e: e)
+        e = x
+        for i in range(self.n_blocks):
+            h = GrowingLayer(self.block or self.readout, e.shape[-1], self.capacity, name=f"block_{i}")(norm(e))
+            e = e + (self.nonlinearity(h) if self.nonlinearity else h)
+        return GrowingLayer(self.readout, self.d_out, self.capacity, name="readout")(norm(e))
+
+
+class ScaledRMSNorm(nn.Module):
+    """RMSNorm with a learned scale (the parametric baselines train it, F.2)."""
+
+    @nn.compact
+    def __call__(self, x):
+        return rms_norm(x) * self.param("scale", nn.initializers.ones, (x.shape[-1],))
+
+
+ACTIVATIONS = {"relu": nn.relu, "gelu": nn.gelu, "softmax": lambda h: jax.nn.softmax(h, axis=-1)}
+
+
+class ResidualMLP(nn.Module):
+    """Eq. 12: ``e ← e + W2 σ(W1 RMSNorm(e))``, final RMSNorm and a linear readout.
+
+    ``activation`` ∈ relu | gelu | softmax; ``hidden`` is the width of ``W1``.
+    """
+
+    d_out: int
+    n_blocks: int = 2
+    hidden: int = 256
+    activation: str = "gelu"
+    normalize: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        act = ACTIVATIONS[self.activation]
+        norm = (lambda: ScaledRMSNorm()) if self.normalize else (lambda: (lambda e: e))
+        e = x
+        for _ in range(self.n_blocks):
+            e = e + nn.Dense(e.shape[-1])(act(nn.Dense(self.hidden)(norm()(e))))
+        return nn.Dense(self.d_out)(norm()(e))
+
+
+class TeacherMLP(nn.Module):
+    """The teacher of F.1.2 (and the reference student, wider): ``e = ReLU(W_in x)``,
+    ``L-1`` blocks ``e ← e + ReLU(W e)``, ``y = W_out e``; LeCun-normal fan-in weights."""
+
+    width: int = 100
+    n_layers: int = 2
+    d_out: int = 1
+    use_bias: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        dense = lambda n: nn.Dense(n, use_bias=self.use_bias, kernel_init=nn.initializers.lecun_normal())
+        e = nn.relu(dense(self.width)(x))
+        for _ in range(self.n_layers - 1):
+            e = e + nn.relu(dense(self.width)(e))
+        return dense(self.d_out)(e)
+
+
+class ParametricSoftmax(nn.Module):
+    """F.5: fixed-size keys ``K:(N, d_in)`` and values ``V:(N, d_out)`` trained by an optax
+    optimizer; ``y = softmax(K RMSNorm(x) / (T √d_in)) V`` (unweighted, as in Table 6)."""
+
+    width: int
+    d_out: int
+    temperature: float = 1.0
+    chunk: int = kernels.DEFAULT_CHUNK
+
+    @nn.compact
+    def __call__(self, x):
+        q = rms_norm(x)
+        k = self.param("keys", nn.initializers.normal(1.0), (self.width, q.shape[-1]))
+        v = self.param("values", nn.initializers.zeros, (self.width, self.d_out))
+        ones = jnp.ones((self.width,), q.dtype)
+        # unweighted softmax == weighted softmax with w = 1 and ṽ = v
+        return kernels.weighted_softmax(q, k, v, ones, temperature=self.temperature, chunk=self.chunk)
