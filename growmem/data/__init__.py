@@ -1,0 +1,1 @@
+"""Datasets: synthetic teacher-student regression and loaders for standard file formats."""

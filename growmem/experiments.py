@@ -1,0 +1,83 @@
+"""Training loops shared by the CLI and the benchmarks (teacher-student regression).
+
+Each ``run_*`` trains one model on fresh teacher samples for ``steps`` steps of
+``batch`` samples and returns its test-loss curve ``[(samples_seen, test_mse)]``.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .data.teacher_student import TeacherStudent
+from .layers import GrowingSpec, ParametricSoftmax, ResidualGrowingNet, TeacherMLP
+from .train import Trainer
+
+
+def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eval_every: int,
+          test, progress: Optional[Callable[[int], None]] = None, stream_seed: int = 1) -> Dict:
+    xt, yt = test
+    curve: List[List[float]] = []
+    train_loss = []
+
+    def evaluate(step):
+        pred = trainer.predict(xt)
+        mse = float(jnp.mean(jnp.sum((pred - yt) ** 2, axis=-1)))
+        curve.append([step * batch, mse if math.isfinite(mse) else float("inf")])
+
+    evaluate(0)
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        x, y = task.batch(step, batch, stream_seed)
+        m = trainer.step(x, y)
+        if step % eval_every == 0 or step == steps:
+            train_loss.append([step * batch, float(m["loss"])])
+            evaluate(step)
+            if not math.isfinite(curve[-1][1]):
+                break  # diverged: the rest of the run cannot recover
+        if progress:
+            progress(1)
+    return {"curve": curve, "train_loss": train_loss, "final_test_loss": curve[-1][1],
+            "seconds": time.perf_counter() - t0, "rows": trainer.rows_in_use()}
+
+
+def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None) -> GrowingSpec:
+    """The paper's growing weighted softmax (Alg. 3, D0 of F.3 with B random rows)."""
+    extra = {"clip": clip} if clip is not None else {}
+    return GrowingSpec.make("weighted_softmax", temperature=temperature, eta=eta, beta=beta,
+                            momentum=momentum, init="random", init_rows=batch, **extra)
+
+
+def run_growing_ws(task: TeacherStudent, *, steps, batch, temperature, eta, beta, momentum=0.0,
+                   eval_every=100, test=None, progress=None, seed=0) -> Dict:
+    """Single growing weighted-softmax layer on RMSNorm(x) (Table 2)."""
+    spec = growing_ws_spec(temperature=temperature, eta=eta, beta=beta, momentum=momentum, batch=batch)
+    model = ResidualGrowingNet(d_out=task.d_out, n_blocks=0, readout=spec)
+    test = test or task.test_set()
+    trainer = Trainer(model, loss="squared_error", sample_input=test[0][:batch], rng=jax.random.key(seed))
+    return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress)
+
+
+def run_parametric_softmax(task: TeacherStudent, *, steps, batch, width, temperature, lr, b1=0.85,
+                           eval_every=100, test=None, progress=None, seed=0) -> Dict:
+    """Fixed-size softmax keys/values trained by Adam (F.5, Table 6)."""
+    model = ParametricSoftmax(width=width, d_out=task.d_out, temperature=temperature)
+    test = test or task.test_set()
+    trainer = Trainer(model, loss="squared_error", tx=optax.adam(lr, b1=b1), sample_input=test[0][:batch],
+                      rng=jax.random.key(seed))
+    return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress)
+
+
+def run_reference_mlp(task: TeacherStudent, *, steps, batch, width, lr, momentum=0.0,
+                      eval_every=100, test=None, progress=None, seed=0) -> Dict:
+    """Over-parameterised student with the teacher's architecture, trained by SGD (Table 13)."""
+    model = TeacherMLP(width=width, n_layers=task.n_layers, d_out=task.d_out, use_bias=True)
+    test = test or task.test_set()
+    tx = optax.sgd(lr, momentum=momentum or None)
+    trainer = Trainer(model, loss="squared_error", tx=tx, sample_input=test[0][:batch], rng=jax.random.key(seed))
+    return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress)
