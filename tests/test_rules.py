@@ -224,9 +224,6 @@ def test_shifting_values_by_w_xi_shifts_outputs_by_xi(with_coeff):
 # ---------------------------------------------------------------- through the trainer
 
 
-@pytest.mark.xfail(strict=True, reason="kernels.weighted_softmax_parts returns NaN for size=0 when all rows "
-                   "fit in one chunk (r_old = exp(-inf - -inf)); an init='empty' weighted-softmax layer "
-                   "therefore outputs NaN and stores NaN rows on its first step")
 def test_first_step_of_empty_weighted_softmax_layer_appends_alg3_rows():
     """An empty memory predicts s = 0, so Alg. 3 appends w = max(0, η⟨0, g⟩) = 0, k = q,
     ṽ = -β g with the per-sample gradient g = 2(s - y) = -2y."""

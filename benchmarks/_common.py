@@ -1,0 +1,163 @@
+"""Shared helpers for the benchmarks: presets/CLI, interleaved timing, results files.
+
+Every benchmark writes ``<out>/<name>.json`` whose top-level ``summary`` object holds
+its headline figures (plus the full data beside it) and a PNG plot ``<out>/<name>.png``.
+``<out>`` defaults to ``benchmarks/results``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+import numpy as np
+
+#: default output folder: benchmarks/results next to this file
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def parser(description: str, presets: Mapping[str, Any], default: str = "cpu") -> argparse.ArgumentParser:
+    """An ``argparse`` parser with ``--preset {names}`` and ``--out DIR`` (add your own flags)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--preset", choices=sorted(presets), default=default,
+                   help="smoke: seconds (run by the tests); cpu: the full grid (minutes); paper: as cpu or larger")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"output folder (default {RESULTS_DIR})")
+    return p
+
+
+def block(x):
+    """``jax.block_until_ready`` on any pytree (returns it)."""
+    import jax
+    return jax.block_until_ready(x)
+
+
+def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int, *, warmup: int = 1,
+                     min_time: float = 0.0, max_repeats: Optional[int] = None,
+                     progress: Optional[Callable[[], None]] = None) -> Dict[str, List[float]]:
+    """Wall-clock seconds of each zero-argument ``fns[name]()`` (blocked until ready).
+
+    Runs every function ``warmup`` times (compilation, first-touch), then ``repeats``
+    rounds, and more rounds while less than ``min_time`` seconds have passed (up to
+    ``max_repeats`` rounds in all). Within a round every function runs once, the order
+    rotating from round to round, so the baseline and the subjects see the same machine
+    load. Returns ``{name: [seconds per round]}``; take :func:`median` of each, or
+    :func:`paired_ratio` of two. ``progress()`` is called after each of the first
+    ``repeats`` rounds (e.g. a tqdm ``update``).
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            block(fns[n]())
+    out = {n: [] for n in names}
+    t_start = time.perf_counter()
+    max_repeats = repeats if max_repeats is None else max(repeats, max_repeats)
+    r = 0
+    while r < repeats or (r < max_repeats and time.perf_counter() - t_start < min_time):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            t0 = time.perf_counter()
+            block(fns[n]())
+            out[n].append(time.perf_counter() - t0)
+        if progress is not None and r < repeats:
+            progress()
+        r += 1
+    return out
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def paired_ratio(times: Mapping[str, List[float]], base: str, subject: str) -> float:
+    """Median over rounds of ``t_base / t_subject`` measured in the same round.
+
+    Pairing calls that ran seconds apart cancels most of the drift in machine load that
+    a ratio of two medians keeps, so it is the steadier speed ratio on a shared machine.
+    """
+    return median([b / s for b, s in zip(times[base], times[subject])])
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of ``log y`` against ``log x`` (the exponent of a power law)."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+def environment() -> dict:
+    """Where the numbers came from: versions, devices, CPU count, git commit, time."""
+    import jax
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=Path(__file__).parent,
+                                    capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "cpu_count": os.cpu_count(),
+        "load_average": load,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer, int)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        x = float(x)
+        return x if math.isfinite(x) else None  # strict JSON has no NaN/inf
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    return x
+
+
+def write_results(name: str, summary: Mapping[str, Any], data: Mapping[str, Any], out_dir=RESULTS_DIR) -> Path:
+    """Write ``<out_dir>/<name>.json``: ``{"name", "summary", "environment", **data}``.
+
+    Numpy scalars/arrays are converted; non-finite floats become ``null``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"name": name, "summary": dict(summary), "environment": environment(), **data}
+    path = out_dir / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def save_figure(fig, name: str, out_dir=RESULTS_DIR) -> Path:
+    """Save a matplotlib figure as ``<out_dir>/<name>.png`` and close it."""
+    import matplotlib.pyplot as plt
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.png"
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
