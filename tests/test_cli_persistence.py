@@ -1,0 +1,58 @@
+"""``growmem train --checkpoint-dir/--resume``, ``growmem inspect`` and ``growmem export``."""
+import json
+
+import numpy as np
+import pytest
+
+from growmem import cli
+
+SMALL = ["--batch-size", "8", "--test-size", "32", "--eval-every", "2", "--blocks", "1"]
+
+
+def _train(tmp_path, name, steps, *extra):
+    return cli.main(["train", "--steps", str(steps), "--out", str(tmp_path / f"out-{name}"), *SMALL, *extra])
+
+
+def test_train_resume_matches_an_uninterrupted_run_and_inspect_export_read_it(tmp_path, capsys):
+    a, b = tmp_path / "ck-a", tmp_path / "ck-b"
+    assert _train(tmp_path, "a", 6, "--checkpoint-dir", str(a)) == 0
+    assert _train(tmp_path, "b", 4, "--checkpoint-dir", str(b)) == 0          # "interrupted" at step 4
+    with pytest.raises(SystemExit, match="--resume"):                          # no silent overwrite
+        _train(tmp_path, "b", 6, "--checkpoint-dir", str(b))
+    assert _train(tmp_path, "b", 6, "--checkpoint-dir", str(b), "--resume") == 0
+    assert "resumed from step 4" in capsys.readouterr().out
+    ma = json.loads((tmp_path / "out-a" / "metrics.json").read_text())
+    mb = json.loads((tmp_path / "out-b" / "metrics.json").read_text())
+    assert ma["final_test_loss"] == mb["final_test_loss"] and ma["rows"] == mb["rows"]
+    assert ma["test_curve"] == mb["test_curve"]
+
+    assert cli.main(["inspect", str(b)]) == 0
+    text = capsys.readouterr().out
+    for word in ("step         6", "readout", "block_0", "format       version 1", "created at"):
+        assert word in text, text
+    assert cli.main(["inspect", str(b), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["step"] == 6 and {l["layer"] for l in info["layers"]} == {"block_0", "readout"}
+
+    for d, f in ((a, "a.npz"), (b, "b.npz")):
+        assert cli.main(["export", str(d), "--npz", str(tmp_path / f)]) == 0
+    za, zb = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert set(za.files) == set(zb.files) and "readout/k" in za.files
+    for key in za.files:
+        if key != "__description__":
+            assert za[key].tobytes() == zb[key].tobytes(), key
+    desc = json.loads(str(za["__description__"]))
+    assert desc["layers"]["readout"]["kernel"] == "weighted_softmax"
+
+
+def test_resume_with_a_different_model_config_names_the_difference(tmp_path):
+    d = tmp_path / "ck"
+    assert _train(tmp_path, "a", 2, "--checkpoint-dir", str(d)) == 0
+    with pytest.raises(SystemExit, match=r"temperature: checkpoint 1.0, current 2.0"):
+        _train(tmp_path, "a", 4, "--checkpoint-dir", str(d), "--resume", "--temperature", "2.0")
+
+
+def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no complete checkpoint"):
+        cli.main(["inspect", str(tmp_path / "empty")])

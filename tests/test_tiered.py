@@ -1,0 +1,221 @@
+"""TensorStore cold tier: results equal the all-in-RAM memory; failures leave the memory intact."""
+import json
+import os
+import subprocess
+import uuid
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import growmem as gm
+from growmem import memory as memlib
+from growmem.layers import retrieve
+from growmem.storage import checkpoint as ck
+from growmem.storage.tiered import TierError, TieredMemory, TierWriteError, row_bytes
+
+D, E, CHUNK = 16, 3, 64
+
+
+def _spec(kernel="weighted_softmax", momentum=0.5):
+    hyper = {"beta": 1.0} if kernel == "weighted_softmax" else {}
+    return gm.GrowingSpec.make(kernel, temperature=0.5, eta=1.0, momentum=momentum, chunk=CHUNK, **hyper)
+
+
+def _tier(location, kernel="weighted_softmax", hot_rows=100, **kw):
+    budget = row_bytes(D, E) * ((2 + 2) * CHUNK + hot_rows)  # read-ahead 2: 4 chunk buffers + hot rows
+    return TieredMemory.create(location, d_in=D, d_out=E, spec=_spec(kernel), ram_budget_bytes=budget,
+                               chunk_rows=CHUNK, **kw)
+
+
+def _batches(n_steps=10, b=57, seed=0):
+    rs = np.random.RandomState(seed)
+    for step in range(n_steps):
+        yield (rs.rand(b).astype(np.float32), rs.randn(b, D).astype(np.float32), rs.randn(b, E).astype(np.float32),
+               step + 1, rs.rand(b) > 0.2)
+
+
+def _fill(tier, mem=None, **kw):
+    for w, k, v, born, m in _batches(**kw):
+        tier.append(w, k, v, born=born, mask=m)
+        tier.advance()
+        if mem is not None:
+            mem = memlib.append(memlib.ensure_capacity(mem, len(w)), w, k, v, born=born, mask=m)
+            mem = mem.replace(t=mem.t + 1)
+    return mem
+
+
+@pytest.mark.parametrize("kernel", ["weighted_softmax", "rbf", "linear"])
+def test_retrieval_over_cold_and_hot_rows_equals_all_in_ram(tmp_path, kernel):
+    tier = _tier(tmp_path / "t", kernel)
+    mem = _fill(tier, memlib.empty(D, E, spec=_spec(kernel)))
+    assert tier.rows_cold > 0 and 0 < tier.rows_hot <= tier.hot_capacity
+    assert tier.rows_cold % CHUNK == 0  # spills are whole chunks
+    assert tier.size == int(mem.size)
+    q = np.random.RandomState(1).randn(20, D).astype(np.float32)
+    ref = np.asarray(retrieve(mem, q))
+    out = np.asarray(tier.retrieve(q))
+    assert np.abs(out - ref).max() <= 1e-5 * (np.abs(ref).max() + 1.0)
+    # novelty search spans both tiers
+    keys = np.asarray(mem.k[: int(mem.size)])
+    d2 = ((q[:, None] - keys[None]) ** 2).sum(-1).min(1)
+    np.testing.assert_allclose(np.asarray(tier.min_sq_distance(q)), d2, rtol=1e-4, atol=1e-3)
+    tau = float(np.sqrt(np.median(d2)))
+    assert np.array_equal(tier.novel(q, tau), d2 > tau ** 2)
+
+
+def test_rows_keep_their_order_and_the_tier_reopens(tmp_path):
+    tier = _tier(tmp_path / "t")
+    mem = _fill(tier, memlib.empty(D, E, spec=_spec()))
+    rows = tier.all_rows()
+    for f in ("w", "k", "v", "born"):
+        assert np.array_equal(rows[f], mem.rows()[f])
+    # zarr v3 arrays chunked along rows, one per field
+    meta = json.loads((tmp_path / "t" / "gen-0" / "k" / "zarr.json").read_text())
+    assert meta["zarr_format"] == 3 and meta["chunk_grid"]["configuration"]["chunk_shape"] == [CHUNK, D]
+    again = TieredMemory.open(tmp_path / "t", ram_budget_bytes=tier.ram_budget_bytes)
+    assert again.rows_cold == tier.rows_cold and again.rows_hot == 0  # hot rows live in checkpoints
+    cold = again.all_rows()
+    assert np.array_equal(cold["k"], rows["k"][: tier.rows_cold])
+
+
+def test_any_tensorstore_kvstore_url_works():
+    tier = _tier(f"memory://growmem-{uuid.uuid4().hex}/", hot_rows=70)
+    mem = _fill(tier, memlib.empty(D, E, spec=_spec()), n_steps=5)
+    assert tier.rows_cold > 0
+    q = np.random.RandomState(2).randn(8, D).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(tier.retrieve(q)), np.asarray(retrieve(mem, q)), rtol=1e-5, atol=1e-5)
+
+
+def test_unwritable_directory_is_a_clear_error(tmp_path):
+    target = "/proc/growmem-tier" if os.geteuid() == 0 else str(tmp_path / "ro" / "t")
+    if os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o500)
+    with pytest.raises(TierError, match="cannot write the cold tier directory"):
+        _tier(target)
+
+
+def _snapshot(tier):
+    return tier.rows_cold, tier.rows_hot, {f: a.copy() for f, a in tier.all_rows().items()}
+
+
+def _assert_unchanged(tier, snap):
+    cold, hot, rows = snap
+    assert (tier.rows_cold, tier.rows_hot) == (cold, hot)
+    now = tier.all_rows()
+    for f in rows:
+        assert np.array_equal(now[f], rows[f])
+    manifest = json.loads(bytes(tier._kv(tier.url).read("tier.json").result().value))
+    assert manifest["rows_cold"] == cold
+
+
+def test_failed_spill_leaves_the_memory_unchanged(tmp_path, monkeypatch):
+    tier = _tier(tmp_path / "t")
+    _fill(tier, n_steps=4)
+    snap = _snapshot(tier)
+    real = TieredMemory._write_manifest
+
+    def disk_full(kv, manifest):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(TieredMemory, "_write_manifest", staticmethod(disk_full))
+    rs = np.random.RandomState(5)
+    with pytest.raises(TierWriteError, match="No space left on device.*memory is unchanged"):
+        for _ in range(10):
+            tier.append(rs.rand(57), rs.randn(57, D), rs.randn(57, E))
+    monkeypatch.setattr(TieredMemory, "_write_manifest", staticmethod(real))
+    # the rows accepted before the failing append are still all there; the failing append added nothing
+    assert tier.rows_cold == snap[0]
+    reopened = TieredMemory.open(tmp_path / "t", ram_budget_bytes=tier.ram_budget_bytes)
+    assert reopened.rows_cold == snap[0]
+    assert np.array_equal(reopened.all_rows()["k"], snap[2]["k"][: snap[0]])
+
+
+def _can_mount():
+    return os.geteuid() == 0 and subprocess.run(["which", "mount"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs root to mount a small tmpfs")
+def test_real_disk_full_is_a_clear_error_and_leaves_the_memory_unchanged(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount tmpfs: {r.stderr.decode()[:200]}")
+    try:
+        tier = _tier(mnt / "t", hot_rows=100)
+        rs = np.random.RandomState(0)
+        err = None
+        for i in range(400):  # ~1 MB of rows into a 256 KiB filesystem
+            snap = _snapshot(tier)
+            try:
+                tier.append(rs.rand(57), rs.randn(57, D), rs.randn(57, E), born=i + 1)
+            except TierWriteError as e:
+                err = e
+                break
+        assert err is not None, "the filesystem never filled"
+        assert "No space left" in str(err) or "ENOSPC" in str(err) or "space" in str(err).lower()
+        _assert_unchanged(tier, snap)
+        q = rs.randn(4, D).astype(np.float32)
+        assert np.isfinite(np.asarray(tier.retrieve(q))).all()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_checkpoint_references_the_cold_tier_by_generation_and_row_count(tmp_path):
+    tier = _tier(tmp_path / "t")
+    _fill(tier, n_steps=6)
+    q = np.random.RandomState(3).randn(8, D).astype(np.float32)
+    at_save = np.asarray(tier.retrieve(q))
+    rows_at_save = tier.all_rows()
+    c = ck.Checkpointer(tmp_path / "c")
+    c.save(None, step=6, tiers={"readout": tier})
+    info = ck.inspect(tmp_path / "c")
+    layer = info["layers"][0]
+    assert layer["cold"] == tier.rows_cold and layer["hot"] == tier.rows_hot and layer["generation"] == 0
+    cold_bytes_on_disk = sum(p.stat().st_size for p in (tmp_path / "c").rglob("*") if p.is_file())
+    assert cold_bytes_on_disk < tier.bytes_cold  # the cold rows are referenced, not copied
+    _fill(tier, n_steps=6, seed=9)  # rows written after the checkpoint
+    assert tier.rows_cold > info["layers"][0]["cold"]
+    r = c.restore(None, tiers_dir=None)
+    back = r.tiers["readout"]
+    assert back.rows_cold == layer["cold"] and back.rows_hot == layer["hot"]
+    for f, a in back.all_rows().items():
+        assert np.array_equal(a, rows_at_save[f])
+    np.testing.assert_array_equal(np.asarray(back.retrieve(q)), at_save)
+    # export reads the cold rows through the reference
+    ck.export(tmp_path / "c", tmp_path / "x.npz")
+    z = np.load(tmp_path / "x.npz")
+    assert np.array_equal(z["readout/k"], rows_at_save["k"])
+    # after a compaction (new generation) the old checkpoint refuses to restore
+    back.compact(lambda rows, start: rows["w"] > 0.5)
+    with pytest.raises(TierError, match="generation 0 .* now at generation 1"):
+        c.restore(None)
+    c.close()
+
+
+def test_compact_evicts_cold_rows_exactly(tmp_path):
+    tier = _tier(tmp_path / "t")
+    _fill(tier, n_steps=8)
+    rows = tier.all_rows()
+    n_cold = tier.rows_cold
+    tier.compact(lambda r, start: r["born"] % 2 == 0)
+    keep = np.concatenate([rows["born"][:n_cold] % 2 == 0, np.ones(len(rows["born"]) - n_cold, bool)])
+    now = tier.all_rows()
+    for f in rows:
+        assert np.array_equal(now[f], rows[f][keep])
+    assert tier.generation == 1
+    mem = memlib.from_rows(rows["w"][keep], rows["k"][keep], rows["v"][keep], rows["born"][keep], spec=_spec())
+    mem = mem.replace(t=jnp.asarray(tier.t, jnp.int32))
+    q = np.random.RandomState(4).randn(8, D).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(tier.retrieve(q)), np.asarray(retrieve(mem, q)), rtol=1e-5, atol=1e-5)
+
+
+def test_ram_budget_bounds_the_hot_rows(tmp_path):
+    tier = _tier(tmp_path / "t", hot_rows=100)
+    for w, k, v, born, m in _batches(n_steps=20):
+        tier.append(w, k, v, born=born, mask=m)
+        assert tier.rows_hot <= tier.hot_capacity
+        assert tier.bytes_hot + (tier.read_ahead + 2) * CHUNK * row_bytes(D, E) <= tier.ram_budget_bytes
+    with pytest.raises(ValueError, match="RAM budget .* too small"):
+        TieredMemory.create(tmp_path / "u", d_in=D, d_out=E, spec=_spec(), ram_budget_bytes=1000, chunk_rows=CHUNK)
