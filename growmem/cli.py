@@ -3,6 +3,11 @@
     growmem train [--steps N] [--out DIR] ...   train a growing model (default: teacher-student
                                                 regression, no data to fetch); writes
                                                 metrics.json and plot.png to --out
+    growmem train --policy policies/NAME.toml   the same with a preset's layers and policy chain
+    growmem policies                            list the presets with a one-line description
+    growmem train ... --checkpoint-dir DIR [--resume]   checkpoint as it trains / continue exactly
+    growmem inspect DIR                         rows per layer, hot/cold, bytes, policy, step, format
+    growmem export DIR --npz FILE               every layer's rows as plain numpy + a JSON description
 """
 from __future__ import annotations
 
@@ -29,6 +34,12 @@ def _add_train(sub):
     p.add_argument("--momentum", type=float, default=0.6, help="μ of the timestamp momentum (0 = off)")
     p.add_argument("--blocks", type=int, default=0, help="residual growing blocks L before the readout")
     p.add_argument("--seed", type=int, default=0, help="teacher / data seed")
+    p.add_argument("--policy", default=None, metavar="PATH",
+                   help="a preset TOML (policies/NAME.toml, or just NAME; see `growmem policies`): its layers, "
+                        "policy chain and hybrid optimizer replace --kernel/--temperature/--eta/--beta/"
+                        "--momentum/--blocks")
+    from .storage.commands import add_train_arguments
+    add_train_arguments(p)  # --checkpoint-dir, --checkpoint-every, --keep, --resume
     p.set_defaults(func=cmd_train)
 
 
@@ -58,17 +69,29 @@ def cmd_train(args) -> int:
     task = TeacherStudent(seed=args.seed)
     xt, yt = task.test_set(args.test_size)
     model = ResidualGrowingNet(d_out=task.d_out, n_blocks=args.blocks, readout=spec)
-    trainer = Trainer(model, loss="squared_error", sample_input=xt[:b], rng=jax.random.key(args.seed))
+    hybrid_tx = None
+    if args.policy is not None:
+        from .config import ConfigError, load
+        try:
+            preset = load(args.policy)
+        except ConfigError as e:
+            raise SystemExit(f"growmem train: --policy: {e}")
+        spec, model, hybrid_tx = preset.readout, preset.model(task.d_out), preset.hybrid_tx()
+    trainer = Trainer(model, loss="squared_error", sample_input=xt[:b], rng=jax.random.key(args.seed),
+                      hybrid_tx=hybrid_tx)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    from .storage.commands import RUN_CONTROL, TrainCheckpoints
+    ckpts = TrainCheckpoints(args, trainer, {k: v for k, v in config.items() if k not in RUN_CONTROL},
+                             every_default=args.eval_every)  # restores the latest checkpoint with --resume
 
     def test_loss():
         return float(jnp.mean((trainer.predict(xt) - yt) ** 2))
 
-    curve = [[0, test_loss()]]
-    train_curve = []
+    curve = ckpts.extra["curve"] if ckpts.extra else [[0, test_loss()]]
+    train_curve = ckpts.extra["train_curve"] if ckpts.extra else []
     t0 = time.perf_counter()
-    with tqdm(total=args.steps, desc="growmem train", unit="step", dynamic_ncols=True) as bar:
-        for step in range(1, args.steps + 1):
+    with tqdm(total=args.steps, initial=ckpts.start, desc="growmem train", unit="step", dynamic_ncols=True) as bar:
+        for step in range(ckpts.start + 1, args.steps + 1):
             x, y = task.batch(step, b)
             m = trainer.step(x, y)
             if step % args.eval_every == 0 or step == args.steps:
@@ -76,11 +99,14 @@ def cmd_train(args) -> int:
                 curve.append([step * b, test_loss()])
                 bar.set_postfix(test_mse=f"{curve[-1][1]:.3e}", rows=sum(trainer.rows_in_use().values()))
             bar.update(1)
+            ckpts.after_step(step, extra={"curve": curve, "train_curve": train_curve},
+                             policy={"preset": args.policy, "policy": repr(spec.policy)} if args.policy else None)
+    ckpts.close()
     seconds = time.perf_counter() - t0
     metrics = {"task": "teacher_student", "config": config, "spec": repr(spec),
                "test_curve": curve, "train_curve": train_curve, "final_test_loss": curve[-1][1],
                "target_variance": float(yt.var()), "rows": trainer.rows_in_use(), "seconds": seconds,
-               "steps_per_second": args.steps / seconds}
+               "steps_per_second": (args.steps - ckpts.start) / seconds}
     out = Path(args.out)
     write_json(out / "metrics.json", metrics)
     plt = pyplot()
@@ -96,8 +122,27 @@ def cmd_train(args) -> int:
     ax.legend()
     save_figure(fig, out / "plot.png")
     print(f"final test MSE {curve[-1][1]:.4e} (target variance {float(yt.var()):.4e}); "
-          f"rows {trainer.rows_in_use()}; {args.steps / seconds:.1f} steps/s")
+          f"rows {trainer.rows_in_use()}; {(args.steps - ckpts.start) / seconds:.1f} steps/s")
     print(f"wrote {out / 'metrics.json'} and {out / 'plot.png'}")
+    return 0
+
+
+def _add_policies(sub):
+    p = sub.add_parser("policies", help="list the preset TOML files (growth policies) with a one-line description",
+                       description="List the presets in policies/ usable with `growmem train --policy NAME`.")
+    p.add_argument("--dir", type=Path, default=None, help="list the presets in this folder instead")
+    p.set_defaults(func=cmd_policies)
+
+
+def cmd_policies(args) -> int:
+    from .config import available
+    presets = available(args.dir)
+    if not presets:
+        print("no presets found")
+        return 1
+    width = max(len(name) for name, _, _ in presets)
+    for name, _, desc in presets:
+        print(f"{name:{width}s}  {desc}")
     return 0
 
 
@@ -105,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="growmem", description="Continual learning with growing memories.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
+    _add_policies(sub)
+    from .storage.commands import add_commands
+    add_commands(sub)  # inspect, export
     return ap
 
 

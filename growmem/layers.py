@@ -16,10 +16,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from . import kernels, memory as memlib, rules
+from . import kernels, memory as memlib, policies, rules
 
 GRAD_UNITS = ("per_sample", "batch_mean")
 INITS = ("empty", "random", "zeros")
+#: rows preallocated per growing layer before the first geometric growth
+DEFAULT_CAPACITY = 4096
 _KERNEL_RULES = {"linear": ("sgd",), "rbf": ("sgd",), "weighted_softmax": ("weighted_softmax", "gauge")}
 
 
@@ -39,6 +41,12 @@ class GrowingSpec:
                  and values, w = 1/init_rows); ``zeros`` (F.4: zero keys and values, w = 1/B)
     init_rows    rows of D0 (the paper uses the batch size B)
     chunk        rows per retrieval chunk
+    policy       a :class:`growmem.policies.Policy` (or a chain) deciding which candidate rows
+                 enter, what fades or leaves, and the per-row retrieval coefficient; None =
+                 append every candidate (plain functional gradient descent)
+    hybrid       Alg. 4: the stored rows ``(w, k, ṽ)`` are also trained, from the same backward
+                 pass, by the trainer's ``hybrid_tx`` (Adam by default); ``w`` is projected back
+                 to ``w ≥ 0`` after every optimizer step (weighted softmax)
     """
 
     kernel: str = "weighted_softmax"
@@ -50,6 +58,8 @@ class GrowingSpec:
     init: str = "empty"
     init_rows: int = 0
     chunk: int = kernels.DEFAULT_CHUNK
+    policy: Any = None
+    hybrid: bool = False
 
     def __post_init__(self):
         if self.kernel not in _KERNEL_RULES:
@@ -73,6 +83,11 @@ class GrowingSpec:
             raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
         if self.chunk <= 0:
             raise ValueError(f"chunk must be positive, got {self.chunk}")
+        if self.policy is not None and not isinstance(self.policy, policies.Policy):
+            raise TypeError(f"policy must be a growmem.policies.Policy (e.g. policies.chain(...)), "
+                            f"got {type(self.policy).__name__}")
+        if not isinstance(self.hybrid, bool):
+            raise TypeError(f"hybrid must be a bool, got {self.hybrid!r}")
 
     @classmethod
     def make(cls, kernel="weighted_softmax", rule=None, **kw) -> "GrowingSpec":
@@ -119,12 +134,29 @@ def init_memory(spec: GrowingSpec, d_in: int, d_out: int, capacity: int, key) ->
     return memlib.from_rows(w, k, v, capacity=max(capacity, b), spec=spec)
 
 
-def retrieve(mem: memlib.Memory, q, t=None):
-    """Kernel retrieval over a memory, with its momentum coefficients (no ``W0 q``)."""
+def retrieval_coeff(mem: memlib.Memory, t=None):
+    """``(C,)`` per-row coefficients ``c_i`` (momentum, the policy's ``coeff``) or None."""
     spec = mem.spec
+    pol = spec.policy
+    if t is not None:
+        mem = mem.replace(t=jnp.asarray(t, jnp.int32))
     coeff = None
     if spec.momentum > 0:
-        coeff = momentum_coeff(mem.born, mem.t if t is None else t, spec.momentum)
+        if pol is None:
+            coeff = momentum_coeff(mem.born, mem.t, spec.momentum)
+        else:  # the stored rows may decay: Eq. 100
+            coeff = policies.momentum_coefficients(mem.born, mem.t, spec.momentum, pol.retention)
+    if pol is not None:
+        c = pol.coeff(mem, pol.retention)
+        if c is not None:
+            coeff = c if coeff is None else coeff * c
+    return coeff
+
+
+def retrieve(mem: memlib.Memory, q, t=None):
+    """Kernel retrieval over a memory, with its momentum / policy coefficients (no ``W0 q``)."""
+    spec = mem.spec
+    coeff = retrieval_coeff(mem, t)
     return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
                             coeff=coeff, size=mem.size, chunk=spec.chunk)
 
@@ -138,7 +170,7 @@ class GrowingLayer(nn.Module):
 
     spec: GrowingSpec
     d_out: int
-    capacity: int = memlib.ROW_QUANTUM
+    capacity: int = DEFAULT_CAPACITY
 
     @nn.compact
     def __call__(self, q):
@@ -154,7 +186,11 @@ class GrowingLayer(nn.Module):
         if self.spec.kernel == "linear":
             w0 = self.variable("frozen", "W0", lambda: nn.initializers.lecun_normal()(
                 self.make_rng("params"), (d_in, self.d_out))).value
-            s = s + q @ w0
+            if self.spec.policy is not None and self.spec.policy.retention != 1.0:
+                # weight decay shrinks W0 too: (1-γ)^t W0 (Eq. 100)
+                s = s + (self.spec.policy.retention ** mem.t) * (q @ w0)
+            else:
+                s = s + q @ w0
         s = self.perturb("s", s)
         self.sow("intermediates", "q", q)
         self.sow("intermediates", "s", s)
@@ -173,7 +209,7 @@ class ResidualGrowingNet(nn.Module):
     n_blocks: int = 0
     block: Optional[GrowingSpec] = None
     readout: GrowingSpec = GrowingSpec()
-    capacity: int = memlib.ROW_QUANTUM
+    capacity: int = DEFAULT_CAPACITY
     nonlinearity: Optional[Callable] = None
     normalize: bool = True
 
@@ -249,13 +285,12 @@ class ParametricSoftmax(nn.Module):
     width: int
     d_out: int
     temperature: float = 1.0
-    chunk: int = kernels.DEFAULT_CHUNK
 
     @nn.compact
     def __call__(self, x):
         q = rms_norm(x)
         k = self.param("keys", nn.initializers.normal(1.0), (self.width, q.shape[-1]))
         v = self.param("values", nn.initializers.zeros, (self.width, self.d_out))
-        ones = jnp.ones((self.width,), q.dtype)
-        # unweighted softmax == weighted softmax with w = 1 and ṽ = v
-        return kernels.weighted_softmax(q, k, v, ones, temperature=self.temperature, chunk=self.chunk)
+        # a parametric layer: every key is a trained parameter, so plain (unchunked) softmax
+        a = (q @ k.T) / (self.temperature * math.sqrt(q.shape[-1]))
+        return jax.nn.softmax(a, axis=-1) @ v

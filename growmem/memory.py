@@ -163,13 +163,22 @@ def append(mem: Memory, w, k, v, born, mask=None) -> Memory:
     )
 
 
+def compact_fn(keep, size):
+    """``(a -> a')``: moves the entries ``i < size`` of ``a``'s leading axis where ``keep:(C,)``
+    is True to the front, in order, with zeros after (jittable). Used by :func:`select` and for
+    per-row state that must follow the rows (optimizer moments)."""
+    keep = jnp.asarray(keep, bool)
+    keep = keep & (jnp.arange(keep.shape[0]) < size)
+    cap = keep.shape[0]
+    idx = jnp.where(keep, jnp.cumsum(keep.astype(jnp.int32)) - 1, cap)
+    return lambda a: jnp.zeros_like(a).at[idx].set(a, mode="drop")
+
+
 def select(mem: Memory, keep) -> Memory:
     """Keep the rows in use where ``keep:(C,)`` is True, compacted to the front (jittable)."""
     cap = mem.k.shape[0]
     keep = jnp.asarray(keep, bool) & (jnp.arange(cap) < mem.size)
-    pos = jnp.cumsum(keep.astype(jnp.int32)) - 1
-    idx = jnp.where(keep, pos, cap)
-    z = lambda a: jnp.zeros_like(a).at[idx].set(a, mode="drop")
+    z = compact_fn(keep, mem.size)
     return mem.replace(w=z(mem.w), k=z(mem.k), v=z(mem.v), born=z(mem.born),
                        size=keep.sum(dtype=jnp.int32))
 

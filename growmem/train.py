@@ -11,6 +11,11 @@ Data flow of :func:`train_step` (DESIGN "The train step"):
 4. the rows are appended after the step, so every layer learns from the same
    forward pass (plain SGD semantics), and every memory's clock ``t`` advances.
 
+A layer whose spec has a ``policy`` grows through :func:`growmem.policies.step` (admit,
+age, evict, append); a ``hybrid`` layer (Alg. 4) also gets the gradient of the loss with
+respect to its stored rows from the same backward pass, and the trainer's ``hybrid_tx``
+(Adam by default) updates them, with ``w`` projected back to ``w ≥ 0``.
+
 :class:`Trainer` wraps this for the host: it grows the capacity of each memory
 geometrically before a step needs it (so N rows cost O(log N) compilations).
 """
@@ -28,6 +33,7 @@ from flax import struct
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from . import memory as memlib
+from . import policies as polib
 
 
 def cross_entropy(logits, labels):
@@ -66,6 +72,10 @@ class TrainState:
     params: Any
     collections: Any
     opt_state: Any
+    #: ``{"layer/path": state}`` of each growing layer that has a policy
+    policy_state: Any = None
+    #: ``{"layer/path": optax state}`` of each hybrid layer's stored rows
+    hybrid_state: Any = None
 
 
 def memories(collections) -> Dict[tuple, memlib.Memory]:
@@ -82,14 +92,69 @@ def _set_memories(collections, mems: Dict[tuple, memlib.Memory]):
     return {**collections, "memory": unflatten_dict(flat)}
 
 
+def layer_key(path) -> str:
+    """The key of a layer in ``policy_state`` / ``hybrid_state``: its module path joined by '/'."""
+    return "/".join(path)
+
+
 def grow(collections, intermediates, g_tree, batch_size: int):
     """Append every layer's candidate rows; advance each memory's clock.
 
     ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with
-    respect to the ``"s"`` perturbations, keyed like the memory collection.
+    respect to the ``"s"`` perturbations, keyed like the memory collection. Layers with a
+    policy use the policy's initial state here; :func:`grow_step` carries policy state and
+    hybrid updates.
+    """
+    return grow_step(collections, intermediates, g_tree, batch_size)[0]
+
+
+def _row_params(mem: memlib.Memory) -> dict:
+    return {"w": mem.w, "k": mem.k, "v": mem.v}
+
+
+def hybrid_update(tx, mem: memlib.Memory, grads: dict, opt_state):
+    """One optimizer step on the stored rows (Alg. 4 line 10); ``w ≥ 0`` by projection.
+
+    ``grads`` holds ``∂L/∂w, ∂L/∂k, ∂L/∂ṽ`` for the whole capacity; rows past ``size``
+    have zero gradient, so they stay zero under Adam/SGD-style optimizers.
+    """
+    params = _row_params(mem)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    w = params["w"]
+    if mem.spec.kernel == "weighted_softmax":
+        w = jnp.maximum(w, 0.0)  # projected step: keep the weights non-negative (den > 0)
+    return mem.replace(w=w, k=params["k"], v=params["v"]), opt_state
+
+
+def _rows_tree_map(fn, tree, capacity: int):
+    """Apply ``fn`` to the leaves of an optimizer state that are per-row (leading dim = capacity)."""
+    return jax.tree.map(lambda a: fn(a) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == capacity else a, tree)
+
+
+def compact_rows(tree, keep, size, capacity: int):
+    """Compact the per-row leaves of ``tree`` like :func:`growmem.memory.select` compacts rows."""
+    changed = jnp.any((jnp.arange(capacity) < size) & ~keep)
+    move = lambda t: _rows_tree_map(memlib.compact_fn(keep, size), t, capacity)
+    return jax.lax.cond(changed, move, lambda t: t, tree)
+
+
+def pad_rows(tree, old: int, new: int):
+    """Pad the per-row leaves of ``tree`` from ``old`` to ``new`` rows (capacity growth)."""
+    return _rows_tree_map(lambda a: jnp.pad(a, [(0, new - old)] + [(0, 0)] * (a.ndim - 1)), tree, old)
+
+
+def grow_step(collections, intermediates, g_tree, batch_size: int, *, policy_state=None,
+              row_grads=None, hybrid_tx=None, hybrid_state=None):
+    """:func:`grow` with policies and hybrid updates: ``-> (collections, policy_state, hybrid_state)``.
+
+    ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` (gradients of the loss with respect to
+    the stored rows of hybrid layers), ``hybrid_state`` their optimizer states.
     """
     inter = flatten_dict(flax.core.unfreeze(intermediates))
     grads = flatten_dict(flax.core.unfreeze(g_tree))
+    policy_state = dict(policy_state or {})
+    hybrid_state = dict(hybrid_state or {})
     new = {}
     for path, mem in memories(collections).items():
         spec = mem.spec
@@ -99,32 +164,77 @@ def grow(collections, intermediates, g_tree, batch_size: int):
         if spec.grad_unit == "per_sample":
             g = g * batch_size  # the loss is a batch mean: ∂L/∂s_n = g_n / B
         rows = spec.candidate_rows(q, s, g)
-        mem = memlib.append(mem, rows.w, rows.k, rows.v, born=mem.t + 1)
-        new[path] = mem.replace(t=mem.t + 1)
-    return _set_memories(collections, new) if new else collections
+        if spec.policy is None and not spec.hybrid:
+            mem = memlib.append(mem, rows.w, rows.k, rows.v, born=mem.t + 1)
+            new[path] = mem.replace(t=mem.t + 1)
+            continue
+        key = layer_key(path)
+        pol = spec.policy or polib.identity()
+        pstate = policy_state[key] if key in policy_state else pol.init(mem)
+        update_rows = None
+        if spec.hybrid:
+            if hybrid_tx is None or row_grads is None or key not in hybrid_state:
+                raise ValueError(f"layer {key} is hybrid: grow_step needs hybrid_tx, row_grads and "
+                                 f"hybrid_state (use Trainer, which provides them)")
+            update_rows = functools.partial(hybrid_update, hybrid_tx, grads=row_grads[key],
+                                            opt_state=hybrid_state[key])
+        size_before = mem.size
+        res = polib.step(pol, mem, rows, pstate, update_rows=update_rows)
+        if spec.policy is not None:
+            policy_state[key] = res.state
+        if spec.hybrid:
+            hybrid_state[key] = compact_rows(res.aux, res.keep, size_before, mem.capacity)
+        new[path] = res.mem
+    collections = _set_memories(collections, new) if new else collections
+    # empty -> None, as the Trainer stores them (keeps the jitted step's pytree structure fixed)
+    return collections, policy_state or None, hybrid_state or None
 
 
-def train_step(model, loss_fn, tx, state: TrainState, x, y):
-    """One step (pure; jit it with ``model``, ``loss_fn`` and ``tx`` static)."""
+def _with_rows(collections, rows: Dict[str, dict]):
+    """``collections`` with the stored rows of the given layers replaced (for differentiation)."""
+    if not rows:
+        return collections
+    mems = {path: m.replace(**rows[layer_key(path)]) for path, m in memories(collections).items()
+            if layer_key(path) in rows}
+    return _set_memories(collections, mems)
+
+
+def train_step(model, loss_fn, tx, state: TrainState, x, y, hybrid_tx=None):
+    """One step (pure; jit it with ``model``, ``loss_fn``, ``tx`` and ``hybrid_tx`` static)."""
     variables = {"params": state.params, **state.collections}
     pert_shapes = jax.eval_shape(lambda: model.apply(variables, x, mutable=["perturbations"])[1])
     perts = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), pert_shapes.get("perturbations", {}))
+    hybrid_rows = {layer_key(p): _row_params(m) for p, m in memories(state.collections).items()
+                   if m.spec.hybrid}
 
-    def objective(params, perts):
-        out, aux = model.apply({**variables, "params": params, "perturbations": perts}, x,
+    def objective(params, perts, rows=None):
+        colls = _with_rows(state.collections, rows) if rows else state.collections
+        out, aux = model.apply({**variables, **colls, "params": params, "perturbations": perts}, x,
                                mutable=["intermediates"])
         return loss_fn(out, y), (out, aux.get("intermediates", {}))
 
-    (loss, (out, inter)), (g_params, g_perts) = jax.value_and_grad(
-        objective, argnums=(0, 1), has_aux=True)(state.params, perts)
+    row_grads = None
+    if hybrid_rows:
+        (loss, (out, inter)), (g_params, g_perts, row_grads) = jax.value_and_grad(
+            objective, argnums=(0, 1, 2), has_aux=True)(state.params, perts, hybrid_rows)
+    else:
+        (loss, (out, inter)), (g_params, g_perts) = jax.value_and_grad(
+            objective, argnums=(0, 1), has_aux=True)(state.params, perts)
     params, opt_state = state.params, state.opt_state
     if tx is not None and jax.tree.leaves(params):
         updates, opt_state = tx.update(g_params, opt_state, params)
         params = optax.apply_updates(params, updates)
     collections = state.collections
+    policy_state, hybrid_state = state.policy_state, state.hybrid_state
     if "memory" in collections:
-        collections = grow(collections, inter, g_perts, x.shape[0])
-    new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state)
+        if policy_state is None and hybrid_state is None:
+            collections = grow(collections, inter, g_perts, x.shape[0])
+        else:
+            collections, policy_state, hybrid_state = grow_step(
+                collections, inter, g_perts, x.shape[0], policy_state=policy_state, row_grads=row_grads,
+                hybrid_tx=hybrid_tx, hybrid_state=hybrid_state)
+    new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state,
+                              policy_state=policy_state, hybrid_state=hybrid_state)
     return new_state, {"loss": loss}
 
 
@@ -137,7 +247,9 @@ class Trainer:
     """
 
     def __init__(self, model, *, loss="cross_entropy", tx: Optional[optax.GradientTransformation] = None,
-                 sample_input=None, rng=None, variables=None, growth: float = 2.0):
+                 sample_input=None, rng=None, variables=None, growth: float = 2.0,
+                 hybrid_tx: Optional[optax.GradientTransformation] = None):
+        """``hybrid_tx`` trains the stored rows of hybrid layers (default ``optax.adam(1e-3)``)."""
         self.model = model
         self.loss_fn = get_loss(loss)
         self.tx = tx
@@ -152,10 +264,18 @@ class Trainer:
         variables.pop("intermediates", None)
         variables.pop("perturbations", None)
         opt_state = tx.init(params) if tx is not None else None
+        mems = memories(variables)
+        policy_state = {layer_key(p): m.spec.policy.init(m) for p, m in mems.items() if m.spec.policy is not None}
+        hybrid = {layer_key(p): m for p, m in mems.items() if m.spec.hybrid}
+        if hybrid and hybrid_tx is None:
+            hybrid_tx = optax.adam(1e-3)
+        self.hybrid_tx = hybrid_tx
+        hybrid_state = {k: hybrid_tx.init(_row_params(m)) for k, m in hybrid.items()}
         self.state = TrainState(step=jnp.zeros((), jnp.int32), params=params, collections=variables,
-                                opt_state=opt_state)
-        self._bound = {p: int(m.size) for p, m in memories(variables).items()}
-        self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx))
+                                opt_state=opt_state, policy_state=policy_state or None,
+                                hybrid_state=hybrid_state or None)
+        self._bound = {p: int(m.size) for p, m in mems.items()}
+        self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx, hybrid_tx=hybrid_tx))
         self._predict = jax.jit(lambda v, x: model.apply(v, x))
 
     @property
@@ -179,7 +299,15 @@ class Trainer:
                 if exact + extra > mem.capacity:
                     changed[path] = memlib.ensure_capacity(mem, extra, growth=self.growth)
         if changed:
-            self.state = self.state.replace(collections=_set_memories(self.state.collections, changed))
+            hybrid_state = self.state.hybrid_state
+            if hybrid_state:
+                hybrid_state = dict(hybrid_state)
+                for path, m in changed.items():
+                    if layer_key(path) in hybrid_state:
+                        hybrid_state[layer_key(path)] = pad_rows(hybrid_state[layer_key(path)],
+                                                                 mems[path].capacity, m.capacity)
+            self.state = self.state.replace(collections=_set_memories(self.state.collections, changed),
+                                            hybrid_state=hybrid_state)
 
     def step(self, x, y) -> Dict[str, float]:
         x = jnp.asarray(x)

@@ -1,0 +1,329 @@
+"""Presets as TOML files: a model's growing layers and their policy chain.
+
+A preset (``policies/NAME.toml``) looks like::
+
+    description = "one line shown by `growmem policies`"
+
+    [model]                   # ResidualGrowingNet (Eq. 13): L blocks + a growing readout
+    n_blocks = 3
+    nonlinearity = "none"     # none | relu | gelu
+    normalize = true          # RMSNorm before every layer
+    capacity = 256            # initial rows per memory (grown geometrically)
+
+    [layer]                   # every growing layer (GrowingSpec fields + rule hyperparameters)
+    kernel = "weighted_softmax"
+    rule = "weighted_softmax"
+    temperature = 5.0
+    eta = 1.0
+    beta = 30.0
+    init = "zeros"            # empty | random | zeros ; init_rows defaults to train.batch_size
+    hybrid = true
+
+    [readout]                 # optional: overrides of [layer] for the readout layer only
+
+    [[policy]]                # the chain, in order (see growmem.policies)
+    name = "novelty"
+    tau = 0.72
+    relative = true           # tau in units of ||q|| = sqrt(d)
+
+    [[policy]]
+    name = "capacity"
+    max_rows = 50016
+    on_full = "reject"
+
+    [hybrid]                  # the optimizer of the stored rows (layers with hybrid = true)
+    optimizer = "adam"
+    learning_rate = 0.001
+
+    [train]
+    batch_size = 16
+    epochs = 1
+
+:func:`load` validates everything and raises :class:`ConfigError` naming the file, the key
+and the allowed values. :func:`available` lists the presets shipped in ``policies/``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import optax
+
+from . import kernels, layers, policies, rules, train
+
+
+class ConfigError(ValueError):
+    """A preset file is invalid; the message names the file, the key and what is allowed."""
+
+
+#: where the shipped presets live (the repository's ``policies/`` folder)
+PRESET_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+
+# ------------------------------------------------------------------------------------- schema
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    kind: str                      # "int" | "float" | "bool" | "str"
+    allowed: str                   # human description of the allowed values
+    check: Callable[[Any], bool] = lambda v: True
+    default: Any = None
+
+
+def _num(lo=None, hi=None, lo_open=False, hi_open=False, kind="float"):
+    def check(v):
+        if lo is not None and (v <= lo if lo_open else v < lo):
+            return False
+        if hi is not None and (v >= hi if hi_open else v > hi):
+            return False
+        return True
+    lo_s = "" if lo is None else (f"> {lo}" if lo_open else f">= {lo}")
+    hi_s = "" if hi is None else (f"< {hi}" if hi_open else f"<= {hi}")
+    if lo is not None and hi is not None:
+        desc = f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    else:
+        desc = f"a number {lo_s or hi_s}".strip()
+    if kind == "int":
+        desc = desc.replace("a number", "an integer")
+    return Field(kind, desc, check)
+
+
+def _enum(*values, default=None):
+    return Field("str", "one of " + ", ".join(repr(v) for v in values), lambda v: v in values, default)
+
+
+MODEL = {
+    "n_blocks": _num(0, kind="int"),
+    "nonlinearity": _enum("none", "relu", "gelu"),
+    "normalize": Field("bool", "true or false"),
+    "capacity": _num(1, kind="int"),
+}
+LAYER = {
+    "kernel": _enum(*kernels.KERNELS),
+    "rule": _enum(*sorted(rules.RULES)),
+    "temperature": _num(0, lo_open=True),
+    "eta": _num(0),
+    "beta": _num(),
+    "alpha": _num(),
+    "clip": _num(0, lo_open=True),
+    "eps": _num(0, lo_open=True),
+    "grad_unit": _enum(*layers.GRAD_UNITS),
+    "momentum": _num(0, 1, hi_open=True),
+    "init": _enum(*layers.INITS),
+    "init_rows": _num(1, kind="int"),
+    "chunk": _num(1, kind="int"),
+    "hybrid": Field("bool", "true or false"),
+}
+POLICIES = {
+    "novelty": {"tau": _num(0), "relative": Field("bool", "true or false"),
+                "within_batch": Field("bool", "true or false"), "chunk": _num(1, kind="int")},
+    "capacity": {"max_rows": _num(1, kind="int"), "on_full": _enum(*policies.ON_FULL)},
+    "weight_decay": {"gamma": _num(0, 1, hi_open=True), "prune_below": _num(0)},
+    "momentum": {"mu": _num(0, 1, hi_open=True)},
+}
+REQUIRED_POLICY_KEYS = {"novelty": ("tau",), "capacity": ("max_rows",), "weight_decay": ("gamma",),
+                        "momentum": ("mu",)}
+HYBRID = {
+    "optimizer": _enum("adam", "adamw", "sgd"),
+    "learning_rate": _num(0, lo_open=True),
+    "b1": _num(0, 1, hi_open=True),
+    "b2": _num(0, 1, hi_open=True),
+    "eps": _num(0, lo_open=True),
+    "weight_decay": _num(0),
+}
+TRAIN = {
+    "batch_size": _num(1, kind="int"),
+    "epochs": _num(0, lo_open=True),
+    "loss": _enum(*sorted(train.LOSSES)),
+    "seed": _num(0, kind="int"),
+}
+TOP = {"description", "model", "layer", "readout", "policy", "hybrid", "train"}
+
+
+def _type_ok(kind, v):
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str)
+    if isinstance(v, bool):
+        return False
+    if kind == "int":
+        return isinstance(v, int)
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _validate(path, section: str, table, schema: Dict[str, Field]) -> dict:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: key '{section}' must be a table ([{section}])")
+    out = {}
+    for key, value in table.items():
+        where = f"{section}.{key}"
+        if key not in schema:
+            raise ConfigError(f"{path}: unknown key '{where}'; allowed keys in [{section.split('[')[0]}]: "
+                              f"{', '.join(sorted(schema))}")
+        f = schema[key]
+        if not _type_ok(f.kind, value) or not f.check(value):
+            raise ConfigError(f"{path}: key '{where}' = {value!r} is not allowed; allowed: {f.allowed}")
+        out[key] = float(value) if f.kind == "float" else value
+    return out
+
+
+# ------------------------------------------------------------------------------------- preset
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A validated preset: build its model with :meth:`model`, its trainer with :meth:`trainer`."""
+
+    path: str
+    description: str
+    block: layers.GrowingSpec
+    readout: layers.GrowingSpec
+    n_blocks: int = 0
+    nonlinearity: str = "none"
+    normalize: bool = True
+    capacity: int = 256
+    hybrid: Tuple[Tuple[str, Any], ...] = ()
+    train: Tuple[Tuple[str, Any], ...] = ()
+    policy_chain: Optional[policies.Policy] = None
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    @property
+    def settings(self) -> dict:
+        """Training settings (batch_size, epochs, loss, seed) with their defaults."""
+        return {"batch_size": 16, "epochs": 1.0, "loss": "cross_entropy", "seed": 0, **dict(self.train)}
+
+    def hybrid_tx(self) -> Optional[optax.GradientTransformation]:
+        """The optimizer of hybrid layers' stored rows (None when no layer is hybrid)."""
+        if not (self.block.hybrid or self.readout.hybrid):
+            return None
+        h = {"optimizer": "adam", "learning_rate": 1e-3, **dict(self.hybrid)}
+        lr = h["learning_rate"]
+        if h["optimizer"] == "sgd":
+            return optax.sgd(lr)
+        kw = {k: h[k] for k in ("b1", "b2", "eps") if k in h}
+        if h["optimizer"] == "adamw":
+            return optax.adamw(lr, weight_decay=h.get("weight_decay", 1e-4), **kw)
+        return optax.adam(lr, **kw)
+
+    def model(self, d_out: int) -> layers.ResidualGrowingNet:
+        act = {"none": None, **{k: layers.ACTIVATIONS[k] for k in ("relu", "gelu")}}[self.nonlinearity]
+        return layers.ResidualGrowingNet(d_out=d_out, n_blocks=self.n_blocks, block=self.block,
+                                         readout=self.readout, capacity=self.capacity, nonlinearity=act,
+                                         normalize=self.normalize)
+
+    def trainer(self, sample_input, d_out: int, rng=None) -> train.Trainer:
+        import jax
+        rng = jax.random.key(self.settings["seed"]) if rng is None else rng
+        return train.Trainer(self.model(d_out), loss=self.settings["loss"], sample_input=sample_input, rng=rng,
+                             hybrid_tx=self.hybrid_tx())
+
+
+def _build_policy(path, entries) -> Optional[policies.Policy]:
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: key 'policy' must be an array of tables ([[policy]])")
+    built = []
+    for i, entry in enumerate(entries):
+        where = f"policy[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: key '{where}' must be a table ([[policy]])")
+        name = entry.get("name")
+        if name not in POLICIES:
+            raise ConfigError(f"{path}: key '{where}.name' = {name!r} is not allowed; allowed: "
+                              f"one of {', '.join(repr(n) for n in POLICIES)}")
+        params = _validate(path, where, {k: v for k, v in entry.items() if k != "name"}, POLICIES[name])
+        for req in REQUIRED_POLICY_KEYS[name]:
+            if req not in params:
+                raise ConfigError(f"{path}: key '{where}.{req}' is missing; {name} needs "
+                                  f"{POLICIES[name][req].allowed}")
+        if name == "capacity":
+            params["max_rows"] = int(params["max_rows"])
+        try:
+            built.append(policies.BUILTINS[name](**params))
+        except ValueError as e:
+            raise ConfigError(f"{path}: key '{where}': {e}") from None
+    return policies.chain(*built) if built else None
+
+
+def _spec(path, section: str, table: dict, pol, batch_size: int) -> layers.GrowingSpec:
+    table = dict(table)
+    if table.get("init", "empty") != "empty":
+        table.setdefault("init_rows", batch_size)
+    kernel = table.pop("kernel", "weighted_softmax")
+    rule = table.pop("rule", None)
+    rule = rule or ("sgd" if kernel in ("linear", "rbf") else "weighted_softmax")
+    extra = set(table) & (set(LAYER) - {"temperature", "grad_unit", "momentum", "init", "init_rows", "chunk",
+                                        "hybrid"})
+    bad = extra - rules.RULE_HYPER[rule]
+    if bad:
+        key = sorted(bad)[0]
+        raise ConfigError(f"{path}: key '{section}.{key}' does not apply to rule {rule!r}; allowed: "
+                          f"{', '.join(sorted(rules.RULE_HYPER[rule]))}")
+    try:
+        return layers.GrowingSpec.make(kernel, rule, policy=pol, **table)
+    except ValueError as e:
+        raise ConfigError(f"{path}: [{section}] {e}") from None
+
+
+def resolve(name_or_path) -> Path:
+    """A preset path: an existing file, or the name of a shipped preset (``hybrid``)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    for cand in (PRESET_DIR / p.name, PRESET_DIR / f"{p.name}.toml"):
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"{name_or_path}: no such preset file; shipped presets ({PRESET_DIR}): "
+                      f"{', '.join(n for n, _, _ in available()) or 'none'}")
+
+
+def load(name_or_path) -> Preset:
+    """Read and validate a preset TOML file (or a shipped preset by name)."""
+    path = resolve(name_or_path)
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    unknown = set(doc) - TOP
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; allowed top-level keys: "
+                          f"{', '.join(sorted(TOP))}")
+    desc = doc.get("description")
+    if not isinstance(desc, str) or not desc.strip():
+        raise ConfigError(f"{path}: key 'description' is missing; allowed: a one-line string")
+    model = _validate(path, "model", doc.get("model", {}), MODEL)
+    layer = _validate(path, "layer", doc.get("layer", {}), LAYER)
+    readout = {**layer, **_validate(path, "readout", doc.get("readout", {}), LAYER)}
+    hybrid = _validate(path, "hybrid", doc.get("hybrid", {}), HYBRID)
+    tr = _validate(path, "train", doc.get("train", {}), TRAIN)
+    pol = _build_policy(path, doc.get("policy", []))
+    bs = tr.get("batch_size", 16)
+    block_spec = _spec(path, "layer", layer, pol, bs)
+    readout_spec = _spec(path, "readout", readout, pol, bs)
+    if hybrid and not (block_spec.hybrid or readout_spec.hybrid):
+        raise ConfigError(f"{path}: key 'hybrid' configures an optimizer but no layer sets hybrid = true; "
+                          f"allowed: add 'hybrid = true' to [layer] or remove [hybrid]")
+    return Preset(path=str(path), description=desc.strip().splitlines()[0], block=block_spec,
+                  readout=readout_spec, hybrid=tuple(sorted(hybrid.items())), train=tuple(sorted(tr.items())),
+                  policy_chain=pol, **model)
+
+
+def available(directory=None) -> List[Tuple[str, str, str]]:
+    """``[(name, path, description)]`` of the presets in ``directory`` (default: shipped)."""
+    d = Path(directory) if directory else PRESET_DIR
+    out = []
+    for p in sorted(d.glob("*.toml")):
+        try:
+            with open(p, "rb") as f:
+                desc = str(tomllib.load(f).get("description", "")).strip().splitlines()[0]
+        except (tomllib.TOMLDecodeError, IndexError):
+            desc = "(invalid preset)"
+        out.append((p.stem, str(p), desc))
+    return out

@@ -1,0 +1,140 @@
+"""TOML presets: every shipped preset loads and builds; bad files fail with clear errors."""
+import textwrap
+
+import numpy as np
+import pytest
+
+from growmem import config, policies as P
+
+SHIPPED = ["weighted_softmax", "rbf", "gauge", "hybrid", "capped", "decaying"]
+
+
+def test_every_required_preset_is_shipped_with_a_description():
+    listed = {name: desc for name, _, desc in config.available()}
+    assert set(SHIPPED) <= set(listed)
+    assert all(listed[n] and "\n" not in listed[n] for n in SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_presets_load_into_specs_and_models(name):
+    pre = config.load(name)
+    model = pre.model(d_out=10)
+    assert model.n_blocks == pre.n_blocks and model.readout == pre.readout
+    assert pre.name == name
+
+
+def test_hybrid_preset_has_the_table4_settings():
+    pre = config.load("hybrid")
+    s = pre.readout
+    assert (s.kernel, s.temperature, s.hybrid, s.init, s.init_rows) == ("weighted_softmax", 5.0, True, "zeros", 16)
+    assert s.hyperparameters == {"eta": 1.0, "beta": 30.0}
+    assert s.policy is P.chain(P.novelty(0.72, relative=True), P.capacity(50016, "reject"))
+    assert pre.n_blocks == 3 and pre.settings["batch_size"] == 16
+    assert pre.hybrid_tx() is not None
+
+
+def test_decaying_and_capped_presets_build_their_chains():
+    assert config.load("decaying").readout.policy is P.chain(P.weight_decay(0.003, prune_below=0.001))
+    assert config.load("capped").readout.policy is P.chain(P.capacity(20000, "evict_oldest"))
+
+
+def test_a_preset_trains_a_few_steps(tmp_path):
+    f = tmp_path / "tiny.toml"
+    f.write_text(textwrap.dedent("""
+        description = "tiny"
+        [model]
+        n_blocks = 0
+        [layer]
+        kernel = "weighted_softmax"
+        eta = 1.0
+        beta = 3.0
+        init = "zeros"
+        hybrid = true
+        [[policy]]
+        name = "novelty"
+        tau = 0.5
+        relative = true
+        [[policy]]
+        name = "capacity"
+        max_rows = 30
+        [[policy]]
+        name = "momentum"
+        mu = 0.5
+        [hybrid]
+        optimizer = "adamw"
+        learning_rate = 0.01
+        [train]
+        batch_size = 4
+    """))
+    pre = config.load(f)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 40)
+    tr = pre.trainer(x[:4], d_out=3)
+    for i in range(0, 40, 4):
+        tr.step(x[i:i + 4], y[i:i + 4])
+    assert max(tr.rows_in_use().values()) <= 30
+    assert np.isfinite(np.asarray(tr.predict(x))).all()
+
+
+BASE = 'description = "x"\n'
+
+
+@pytest.mark.parametrize("body, key, allowed", [
+    ('[layer]\ntemprature = 1.0\n', "layer.temprature", "temperature"),
+    ('colour = 1\n', "colour", "allowed top-level keys"),
+    ('[layer]\ntemperature = "hot"\n', "layer.temperature", "a number > 0"),
+    ('[model]\nn_blocks = 1.5\n', "model.n_blocks", "an integer >= 0"),
+    ('[layer]\nhybrid = 1\n', "layer.hybrid", "true or false"),
+    ('[layer]\nkernel = "cosine"\n', "layer.kernel", "'weighted_softmax'"),
+    ('[[policy]]\nname = "novelty"\ntau = -1.0\n', "policy[0].tau", "a number >= 0"),
+    ('[[policy]]\nname = "weight_decay"\ngamma = 1.0\n', "policy[0].gamma", "a number in [0, 1)"),
+    ('[[policy]]\nname = "weight_decay"\ngamma = -0.5\n', "policy[0].gamma", "a number in [0, 1)"),
+    ('[[policy]]\nname = "momentum"\nmu = 1.0\n', "policy[0].mu", "a number in [0, 1)"),
+    ('[layer]\nmomentum = 1.5\n', "layer.momentum", "a number in [0, 1)"),
+    ('[[policy]]\nname = "capacity"\nmax_rows = 10\non_full = "drop"\n', "policy[0].on_full", "'evict_oldest'"),
+    ('[[policy]]\nname = "capacity"\n', "policy[0].max_rows", "an integer >= 1"),
+    ('[[policy]]\nname = "forget"\n', "policy[0].name", "'novelty'"),
+    ('[[policy]]\nname = "novelty"\ntau = 1.0\nradius = 2\n', "policy[0].radius", "tau"),
+    ('[layer]\nkernel = "rbf"\nbeta = 1.0\n', "layer.beta", "eta"),
+    ('[hybrid]\nlearning_rate = 0.1\n', "hybrid", "hybrid = true"),
+    ('[train]\nloss = "hinge"\n', "train.loss", "'cross_entropy'"),
+])
+def test_bad_presets_name_the_file_the_key_and_the_allowed_values(tmp_path, body, key, allowed):
+    f = tmp_path / "bad.toml"
+    f.write_text(BASE + body)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(f)
+    msg = str(e.value)
+    assert str(f) in msg and f"'{key}" in msg and allowed in msg, msg
+
+
+def test_missing_description_and_invalid_toml_and_unknown_preset(tmp_path):
+    f = tmp_path / "a.toml"
+    f.write_text("[layer]\n")
+    with pytest.raises(config.ConfigError, match="description"):
+        config.load(f)
+    f.write_text("description = \n")
+    with pytest.raises(config.ConfigError, match="not valid TOML"):
+        config.load(f)
+    with pytest.raises(config.ConfigError, match="hybrid"):
+        config.load("no_such_preset")
+
+
+def test_cli_lists_the_presets_with_their_descriptions(capsys):
+    from growmem.cli import main
+    assert main(["policies"]) == 0
+    out = capsys.readouterr().out
+    for name, _, desc in config.available():
+        assert f"{name}" in out and desc in out
+
+
+def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
+    import json
+    from growmem.cli import main
+    assert main(["train", "--policy", str(config.PRESET_DIR / "capped.toml"), "--steps", "2", "--eval-every", "1",
+                 "--test-size", "32", "--batch-size", "8", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert "capacity(max_rows=20000" in metrics["spec"]
+    with pytest.raises(SystemExit, match="no such preset"):
+        main(["train", "--policy", "no_such_preset", "--steps", "1"])
