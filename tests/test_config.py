@@ -26,7 +26,7 @@ def test_shipped_presets_load_into_specs_and_models(name):
 def test_hybrid_preset_has_the_table4_settings():
     pre = config.load("hybrid")
     s = pre.readout
-    assert (s.kernel, s.temperature, s.hybrid, s.init, s.init_rows) == ("weighted_softmax", 5.0, True, "zeros", 16)
+    assert (s.kernel, s.temperature, s.hybrid, s.init, s.init_rows) == ("weighted_softmax", 5.0, True, "random", 16)
     assert s.hyperparameters == {"eta": 1.0, "beta": 30.0}
     assert s.policy is P.chain(P.novelty(0.72, relative=True), P.capacity(50016, "reject"))
     assert pre.n_blocks == 3 and pre.settings["batch_size"] == 16
