@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import platform
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
+
+from growmem import reporting
 
 #: default output folder: benchmarks/results next to this file
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -118,46 +119,18 @@ def environment() -> dict:
     }
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, Path):
-        return str(x)
-    if isinstance(x, (np.bool_, bool)):
-        return bool(x)
-    if isinstance(x, (np.integer, int)):
-        return int(x)
-    if isinstance(x, (np.floating, float)):
-        x = float(x)
-        return x if math.isfinite(x) else None  # strict JSON has no NaN/inf
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    return x
-
-
 def write_results(name: str, summary: Mapping[str, Any], data: Mapping[str, Any], out_dir=RESULTS_DIR) -> Path:
     """Write ``<out_dir>/<name>.json``: ``{"name", "summary", "environment", **data}``.
 
     Numpy scalars/arrays are converted; non-finite floats become ``null``.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"name": name, "summary": dict(summary), "environment": environment(), **data}
-    path = out_dir / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return reporting.write_json(Path(out_dir) / f"{name}.json", doc)
 
 
 def save_figure(fig, name: str, out_dir=RESULTS_DIR) -> Path:
     """Save a matplotlib figure as ``<out_dir>/<name>.png`` and close it."""
     import matplotlib.pyplot as plt
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.png"
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    path = reporting.save_figure(fig, Path(out_dir) / f"{name}.png")
     plt.close(fig)
     return path

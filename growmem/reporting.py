@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -18,12 +19,12 @@ def _jsonable(x):
         return {str(k): _jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_jsonable(v) for v in x]
-    if isinstance(x, (np.generic,)):
-        return x.item()
     if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, float) and x != x:
-        return None
+        return _jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None  # NaN / inf are not JSON
     return x
 
 
@@ -41,7 +42,7 @@ def write_json(path, payload: Dict[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_jsonable(payload), f, indent=1)
+            json.dump(_jsonable(payload), f, indent=1, allow_nan=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
