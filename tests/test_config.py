@@ -132,9 +132,41 @@ def test_cli_lists_the_presets_with_their_descriptions(capsys):
 def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
     import json
     from growmem.cli import main
-    assert main(["train", "--policy", str(config.PRESET_DIR / "capped.toml"), "--steps", "2", "--eval-every", "1",
-                 "--test-size", "32", "--batch-size", "8", "--out", str(tmp_path)]) == 0
+    assert main(["train", "--policy", str(config.PRESET_DIR / "capped.toml"), "--task", "teacher-student",
+                 "--steps", "2", "--eval-every", "1", "--test-size", "32", "--batch-size", "8",
+                 "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert "capacity(max_rows=20000" in metrics["spec"]
+    assert metrics["task"] == "teacher-student" and "final_test_loss" in metrics
     with pytest.raises(SystemExit, match="no such preset"):
         main(["train", "--policy", "no_such_preset", "--steps", "1"])
+
+
+def _mnist_available():
+    from growmem.data import mnist
+    try:
+        mnist.find()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _mnist_available(), reason="MNIST files not found (see growmem.data.mnist)")
+def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_path):
+    import json
+    from growmem.cli import main
+    assert main(["train", "--policy", "weighted_softmax", "--steps", "3", "--eval-every", "3",
+                 "--test-size", "64", "--out", str(tmp_path)]) == 0
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["task"] == "mnist" and m["config"]["batch_size"] == 16 and m["test_samples"] == 64
+    # D0 (16 rows) + 3 steps x 16 rows per layer; accuracy is a fraction of the 64 test images
+    assert m["rows"] == {"block_0": 64, "block_1": 64, "readout": 64}
+    assert 0.0 <= m["final_test_accuracy"] <= 1.0 and m["final_test_accuracy"] * 64 == round(m["final_test_accuracy"] * 64)
+
+
+def test_cli_train_names_the_paths_searched_when_mnist_is_missing(tmp_path, monkeypatch):
+    from growmem.cli import main
+    from growmem.data import mnist
+    monkeypatch.setattr(mnist, "candidate_dirs", lambda data_dir=None: [tmp_path / "nowhere"])
+    with pytest.raises(SystemExit, match="nowhere"):
+        main(["train", "--task", "mnist", "--steps", "1", "--out", str(tmp_path / "o")])
