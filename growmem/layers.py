@@ -40,7 +40,7 @@ class GrowingSpec:
     init         D0: ``empty``; ``random`` (F.3: ``init_rows`` RMS-normalised N(0,1) keys
                  and values, w = 1/init_rows); ``zeros`` (F.4: zero keys and values, w = 1/B)
     init_rows    rows of D0 (the paper uses the batch size B)
-    chunk        rows per retrieval chunk
+    chunk        upper bound on rows per retrieval chunk (kernels.chunk_rows sizes chunks to the cache)
     policy       a :class:`growmem.policies.Policy` (or a chain) deciding which candidate rows
                  enter, what fades or leaves, and the per-row retrieval coefficient; None =
                  append every candidate (plain functional gradient descent)
