@@ -162,7 +162,8 @@ def bench_train_step(cfg, rng, bar):
     x = jnp.asarray(rng.standard_normal((b, d), np.float32))
     y = jnp.asarray(rng.integers(0, cfg["step_classes"], b))
     variables = jax.jit(model.init)(jax.random.key(0), x)  # jitted: much faster than op by op
-    tr = growmem.Trainer(model, loss="cross_entropy", variables=variables)
+    # the timed steps restart from one preloaded state, so it must not be donated (consumed)
+    tr = growmem.Trainer(model, loss="cross_entropy", variables=variables, donate=False)
     state0, states, after = tr.state, {}, {}
     for n in sizes:
         tr.state = state0

@@ -248,8 +248,13 @@ class Trainer:
 
     def __init__(self, model, *, loss="cross_entropy", tx: Optional[optax.GradientTransformation] = None,
                  sample_input=None, rng=None, variables=None, growth: float = 2.0,
-                 hybrid_tx: Optional[optax.GradientTransformation] = None):
-        """``hybrid_tx`` trains the stored rows of hybrid layers (default ``optax.adam(1e-3)``)."""
+                 hybrid_tx: Optional[optax.GradientTransformation] = None, donate: bool = True):
+        """``hybrid_tx`` trains the stored rows of hybrid layers (default ``optax.adam(1e-3)``).
+
+        ``donate``: each step consumes the previous ``trainer.state`` so rows are appended in
+        place instead of copying every memory; keep a copy (``jax.tree.map(jnp.copy,
+        trainer.state)``) to step again from an old state, or pass ``donate=False``.
+        """
         self.model = model
         self.loss_fn = get_loss(loss)
         self.tx = tx
@@ -275,7 +280,8 @@ class Trainer:
                                 opt_state=opt_state, policy_state=policy_state or None,
                                 hybrid_state=hybrid_state or None)
         self._bound = {p: int(m.size) for p, m in mems.items()}
-        self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx, hybrid_tx=hybrid_tx))
+        self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx, hybrid_tx=hybrid_tx),
+                             donate_argnums=0 if donate else ())
         self._predict = jax.jit(lambda v, x: model.apply(v, x))
 
     @property
