@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from growmem import config, policies as P
+from growmem.data import mnist
 
 SHIPPED = ["weighted_softmax", "rbf", "gauge", "hybrid", "capped", "decaying"]
 
@@ -142,16 +143,7 @@ def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
         main(["train", "--policy", "no_such_preset", "--steps", "1"])
 
 
-def _mnist_available():
-    from growmem.data import mnist
-    try:
-        mnist.find()
-        return True
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _mnist_available(), reason="MNIST files not found (see growmem.data.mnist)")
+@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_path):
     import json
     from growmem.cli import main
@@ -166,7 +158,6 @@ def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_pat
 
 def test_cli_train_names_the_paths_searched_when_mnist_is_missing(tmp_path, monkeypatch):
     from growmem.cli import main
-    from growmem.data import mnist
     monkeypatch.setattr(mnist, "candidate_dirs", lambda data_dir=None: [tmp_path / "nowhere"])
     with pytest.raises(SystemExit, match="nowhere"):
         main(["train", "--task", "mnist", "--steps", "1", "--out", str(tmp_path / "o")])

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from growmem.data import mnist
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -15,15 +16,6 @@ def _main(name):
     return mod.main
 
 
-def _mnist_available():
-    from growmem.data import mnist
-    try:
-        mnist.find()
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def _read(out, name):
     doc = json.loads((out / f"{name}.json").read_text())
     assert (out / f"{name}.png").stat().st_size > 0
@@ -31,7 +23,7 @@ def _read(out, name):
     return doc["summary"]
 
 
-@pytest.mark.skipif(not _mnist_available(), reason="MNIST files not found (see growmem.data.mnist)")
+@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_hybrid_growth_smoke(tmp_path):
     _main("hybrid_growth")(["--preset", "smoke", "--out", str(tmp_path)])
     s = _read(tmp_path, "hybrid_growth")
@@ -40,7 +32,7 @@ def test_hybrid_growth_smoke(tmp_path):
     assert all(0 < p["capacity_fraction"] <= 1 for p in s["points"])
 
 
-@pytest.mark.skipif(not _mnist_available(), reason="MNIST files not found (see growmem.data.mnist)")
+@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_decay_bounded_smoke(tmp_path):
     _main("decay_bounded")(["--preset", "smoke", "--out", str(tmp_path)])
     s = _read(tmp_path, "decay_bounded")

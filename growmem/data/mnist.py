@@ -76,6 +76,15 @@ def find(data_dir=None) -> Path:
           "--data-dir DIR (or set GROWMEM_DATA=DIR).")
 
 
+def available(data_dir=None) -> bool:
+    """Whether :func:`find` would find the four MNIST files."""
+    try:
+        find(data_dir)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def load(split: str = "train", data_dir=None, *, limit: Optional[int] = None, flatten: bool = True,
          dtype=np.float32) -> Tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` of one split: ``x`` pixels in [0, 1] ``(n, 784)`` (or ``(n, 28, 28)``), ``y`` int32."""
