@@ -69,12 +69,13 @@ def _make_task(name: str, args) -> _Task:
 
     if name == "teacher-student":
         from .data.teacher_student import TeacherStudent
+        from .train import squared_error
 
         ts = TeacherStudent(seed=args.seed)
         xt, yt = ts.test_set(args.test_size)
         var = float(yt.var())
         return _Task(ts.d_out, "squared_error", ts.batch, (xt, yt),
-                     lambda p, y: float(jnp.mean((p - y) ** 2)), "mse", {"target_variance": var},
+                     lambda p, y: float(squared_error(p, y)), "mse", {"target_variance": var},
                      f"target variance {var:.4e}")
     from .data import mnist
 

@@ -16,7 +16,7 @@ import optax
 
 from .data.teacher_student import TeacherStudent
 from .layers import GrowingSpec, ParametricSoftmax, ResidualGrowingNet, TeacherMLP
-from .train import Trainer
+from .train import Trainer, squared_error
 
 
 def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eval_every: int,
@@ -27,7 +27,7 @@ def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eva
 
     def evaluate(step):
         pred = trainer.predict(xt)
-        mse = float(jnp.mean(jnp.sum((pred - yt) ** 2, axis=-1)))
+        mse = float(squared_error(pred, yt))
         curve.append([step * batch, mse if math.isfinite(mse) else float("inf")])
 
     evaluate(0)
