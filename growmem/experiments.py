@@ -10,8 +10,6 @@ import time
 from typing import Callable, Dict, List, Optional
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 
 from .data.teacher_student import TeacherStudent
