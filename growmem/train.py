@@ -291,6 +291,11 @@ class Trainer:
     def memories(self) -> Dict[tuple, memlib.Memory]:
         return memories(self.state.collections)
 
+    def set_state(self, state: TrainState):
+        """Install ``state`` (e.g. a restored checkpoint) and reset the host-side row bounds."""
+        self.state = state
+        self._bound = {p: int(m.size) for p, m in memories(state.collections).items()}
+
     def rows_in_use(self) -> Dict[str, int]:
         return {"/".join(p): int(m.size) for p, m in self.memories().items()}
 

@@ -261,3 +261,25 @@ def test_inspect_and_export_give_rows_in_plain_numpy(tmp_path):
     for f in ("w", "k", "v", "born"):
         assert _bits_equal(z[f"readout/{f}"], np.asarray(getattr(mem, f))[: int(mem.size)])
     assert d["layers"]["readout"]["kernel"] == "weighted_softmax" and d["layers"]["readout"]["temperature"] == 1.0
+
+
+def test_set_state_resets_row_bounds():
+    """A state installed with Trainer.set_state whose memory is fuller than the trainer's
+    bookkeeping believes must still get room before the next step (no row dropped)."""
+    import jax
+    import numpy as np
+    from growmem import GrowingSpec, Trainer
+    from growmem.layers import GrowingLayer
+
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0)
+    model = GrowingLayer(spec, 2, capacity=256)
+    x = np.random.default_rng(0).normal(size=(128, 3)).astype(np.float32)
+    y = np.zeros((128, 2), np.float32)
+    full = Trainer(model, loss="squared_error", sample_input=x[:1], donate=False)
+    full.step(x, y)
+    full.step(x, y)                         # 256 rows: the capacity is exactly full
+    fresh = Trainer(model, loss="squared_error", sample_input=x[:1], donate=False)
+    assert list(fresh.rows_in_use().values()) == [0]
+    fresh.set_state(full.state)
+    fresh.step(x, y)
+    assert list(fresh.rows_in_use().values()) == [384]

@@ -406,10 +406,10 @@ class Checkpointer:
         if trainer is not None:
             state = _rebuild(_state_of(trainer), arrays, meta, where=f"checkpoint step {step} in {self.directory}")
             if _is_trainer(trainer):
-                trainer.state = state
-                if hasattr(trainer, "_bound"):  # the trainer's capacity bookkeeping (host-side row bounds)
-                    from ..train import memories as _mems
-                    trainer._bound = {p: int(m.size) for p, m in _mems(state.collections).items()}
+                if hasattr(trainer, "set_state"):  # a growmem Trainer: resets its capacity bookkeeping too
+                    trainer.set_state(state)
+                else:
+                    trainer.state = state
         rng = None
         if meta.get("rng"):
             r = meta["rng"]
