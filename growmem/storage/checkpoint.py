@@ -11,6 +11,11 @@ A checkpoint holds, for one step:
 * tiered memories (:mod:`growmem.storage.tiered`): hot rows as arrays, the cold
   tier *by reference* — its URL, generation and the number of cold rows at save
   time, so a checkpoint never points at rows written after it;
+* sharded memories (:mod:`growmem.storage.sharded`): the row arrays ``w, k, v,
+  born`` as *global* ``jax.Array``s (whole capacity, ``S·C`` rows), so in a
+  multi-process run every process writes only its own shards and nothing is
+  gathered to one host; rows per shard, clock, placement, next shard, spec and
+  capacity per shard go in the JSON description, with a CRC32 of every shard;
 * a JSON description (format version, created-at, per-layer rows, bytes,
   kernels, temperatures, policy, user config, CRC32 of every array).
 
@@ -22,6 +27,24 @@ the previous checkpoint loadable; the manager keeps the last ``keep`` steps.
 >>> ckpt.save(trainer, rng=key, data_position={"epoch": 0, "batch": 17})
 >>> restored = ckpt.restore(trainer)        # latest step; trainer.state is replaced
 >>> restored.step, restored.rng, restored.data_position
+
+Sharded memories (every process of a ``jax.distributed`` run calls both; the JSON
+description and the small numpy arrays are written by process 0 only, by Orbax):
+
+>>> ckpt.save(None, step, sharded={"mem": sm})
+>>> sm = ckpt.restore(sharded_mesh=row_mesh()).sharded["mem"]   # or sharded_mesh={"mem": mesh}
+
+Each shard is read straight onto its device of the target mesh (Orbax
+``ArrayRestoreArgs`` with the mesh's ``NamedSharding``) and its CRC32 checked by
+the process that holds it. Restoring onto a mesh with a *different number of
+shards* re-distributes the rows (gathered in shard order, then placed by the
+memory's placement rule over the new shards, as :meth:`ShardedMemory.from_memory`
+does) in a single process; in a multi-process run it raises
+:class:`ConfigMismatchError` naming both shard counts. ``sharded_specs={name:
+spec}`` checks each layer's spec against the saved one (``ConfigMismatchError``
+naming what differs); without it the spec is rebuilt from the JSON (a spec holding a
+policy must be passed). Checkpoints with sharded layers are format version 2 (older
+growmem refuses them clearly); all others stay version 1.
 """
 from __future__ import annotations
 
@@ -43,6 +66,9 @@ from .. import memory as memlib
 FORMAT_NAME = "growmem-checkpoint"
 #: bump when the on-disk layout changes incompatibly
 FORMAT_VERSION = 1
+#: written instead of FORMAT_VERSION when a checkpoint holds sharded memories (which older readers cannot restore)
+SHARDED_FORMAT_VERSION = 2
+READABLE_VERSIONS = (FORMAT_VERSION, SHARDED_FORMAT_VERSION)
 MEMORY_FIELDS = ("w", "k", "v", "born")
 META_ITEM = "meta"
 STATE_ITEM = "state"
@@ -76,6 +102,7 @@ class Restored(NamedTuple):
     extra: Any             # the saved extra JSON
     tiers: Dict[str, Any]  # name -> restored TieredMemory
     meta: dict             # the full JSON description
+    sharded: Dict[str, Any] = {}  # name -> restored ShardedMemory (when restore got sharded_mesh)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -237,6 +264,166 @@ def _describe_and_pack(state, *, rng=None, tiers=None):
     return arrays, leaves, memories, tiers_meta, rng_meta
 
 
+# ----------------------------------------------------------------------------- sharded memories
+
+def spec_from_json(d, where: str = "checkpoint"):
+    """Rebuild a :class:`growmem.GrowingSpec` from :func:`spec_to_json`. A spec holding a
+    policy cannot be rebuilt from the policy's name: pass the spec instead."""
+    from ..layers import GrowingSpec
+
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{where}: no layer spec saved; pass it explicitly")
+    if d.get("policy") is not None:
+        raise CheckpointError(f"{where}: the layer's spec holds policy {d['policy']}, which cannot be rebuilt from "
+                              f"JSON; pass the GrowingSpec holding that policy (sharded_specs={{name: spec}})")
+    names = {f.name for f in dataclasses.fields(GrowingSpec)}
+    kw = {k: v for k, v in d.items() if k in names and k != "policy"}
+    kw["hyper"] = tuple(tuple(p) for p in kw.get("hyper", ()))
+    try:
+        return GrowingSpec(**kw)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: the saved layer spec {d} cannot be rebuilt ({e}); pass it explicitly") from e
+
+
+def _sharded_fields():
+    from .sharded import FIELDS
+
+    return FIELDS
+
+
+def _describe_sharded(sharded):
+    """``(global arrays, sharded meta)`` of ``{name: ShardedMemory}``.
+
+    The arrays stay global ``jax.Array``s (Orbax writes each shard from the process that
+    holds it). The per-shard CRC32s are computed where the shards live and all-gathered
+    (a few int32s) so that process 0 can write them into the JSON description.
+    """
+    global_arrays, out, seen = {}, [], {}
+    for name, sm in (sharded or {}).items():
+        safe = _safe(name)
+        if safe in seen:
+            raise ValueError(f"sharded layers {seen[safe]!r} and {name!r} would share array names; rename one")
+        seen[safe] = name
+        itemsize = np.dtype(sm.k.dtype).itemsize
+        entry = {"name": name, "n_shards": sm.n_shards, "capacity_per_shard": sm.capacity_per_shard,
+                 "host_sizes": [int(n) for n in sm.host_sizes], "size": sm.size, "t": int(sm.t),
+                 "placement": sm.placement, "next_shard": int(sm.next_shard), "axis": sm.axis, "d_in": sm.d_in,
+                 "d_out": sm.d_out, "dtype": str(sm.k.dtype), "spec": spec_to_json(sm.spec),
+                 "process_count": jax.process_count(), "arrays": {}, "shapes": {}, "dtypes": {}, "crc32": {},
+                 "bytes": sm.size * (itemsize * (1 + sm.d_in + sm.d_out) + 4), "bytes_saved": 0}
+        local: Dict[int, list] = {}
+        for f in _sharded_fields():
+            a = getattr(sm, f)
+            key = f"sharded_{safe}_{f}"
+            global_arrays[key] = a
+            entry["arrays"][f] = key
+            entry["shapes"][f] = [int(x) for x in a.shape]
+            entry["dtypes"][f] = str(a.dtype)
+            entry["bytes_saved"] += int(a.size) * np.dtype(a.dtype).itemsize
+            for j, block in sm.local_blocks(f).items():
+                local.setdefault(j, []).append(_crc(block))
+        # uint32 CRCs travel as int32 (same bits) through the collective
+        crcs = sm.allgather_per_shard({j: np.asarray(c, np.uint32).view(np.int32) for j, c in local.items()})
+        crcs = np.asarray(crcs, np.int32).view(np.uint32)
+        entry["crc32"] = {f: [int(c) for c in crcs[:, i]] for i, f in enumerate(_sharded_fields())}
+        out.append(entry)
+    return global_arrays, out
+
+
+def _plan_sharded(meta, sharded_mesh, sharded_specs, where):
+    """What to read for each sharded layer being restored (checks meshes and specs first)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import orbax.checkpoint as ocp
+
+    saved = {m["name"]: m for m in meta.get("sharded", [])}
+    if sharded_mesh is None:
+        if sharded_specs:
+            raise ValueError("sharded_specs needs sharded_mesh (the mesh to restore the sharded layers onto)")
+        return []
+    meshes = {n: sharded_mesh for n in saved} if isinstance(sharded_mesh, Mesh) else dict(sharded_mesh)
+    specs = dict(sharded_specs or {})
+    unknown = sorted((set(meshes) | set(specs)) - set(saved))
+    if unknown:
+        raise ConfigMismatchError(f"{where} has no sharded layer {unknown}; it holds {sorted(saved) or 'none'}")
+    problems, plans = [], []
+    for name, mesh in meshes.items():
+        m = saved[name]
+        axes = tuple(mesh.axis_names)
+        axis = m["axis"] if m["axis"] in axes else (axes[0] if len(axes) == 1 else None)
+        if axis is None:
+            problems.append(f"sharded layer {name}: the mesh has no axis {m['axis']!r} (axes {axes})")
+            continue
+        spec = specs.get(name)
+        if spec is not None:
+            diffs = _diff(m["spec"], spec_to_json(spec))
+            if diffs:
+                problems.append(f"sharded layer {name}: " + "; ".join(diffs))
+                continue
+        else:
+            spec = spec_from_json(m["spec"], where=f"{where}, sharded layer {name}")
+        n_new, n_saved = int(mesh.shape[axis]), int(m["n_shards"])
+        if n_new != n_saved and jax.process_count() > 1:
+            problems.append(f"sharded layer {name} was saved with {n_saved} shards but the target mesh has {n_new} "
+                            f"shards; re-distributing rows to another shard count is single-process only — restore "
+                            f"onto a mesh with {n_saved} shards")
+            continue
+        args = {}
+        for f, key in m["arrays"].items():
+            if n_new == n_saved:  # each shard straight onto its device of the target mesh
+                args[key] = ocp.ArrayRestoreArgs(sharding=NamedSharding(mesh, P(axis)),
+                                                 global_shape=tuple(m["shapes"][f]), dtype=np.dtype(m["dtypes"][f]))
+            else:  # single process: the whole array to the host, then re-distributed
+                args[key] = ocp.RestoreArgs(restore_type=np.ndarray)
+        plans.append({"meta": m, "mesh": mesh, "axis": axis, "spec": spec, "args": args})
+    if problems:
+        raise ConfigMismatchError(f"{where} does not match the requested sharded layers: " + " | ".join(problems))
+    return plans
+
+
+def _check_block(block, crc, where, name, f, j):
+    if _crc(block) != crc:
+        raise CorruptCheckpointError(f"{where}: sharded layer {name} field {f} shard {j} does not match its checksum "
+                                     f"(file truncated or corrupt)")
+
+
+def _host_rows(m, arrays, verify, where) -> Dict[str, np.ndarray]:
+    """All rows in use of a sharded layer, in shard order, from its host (numpy) arrays."""
+    cap, sizes = int(m["capacity_per_shard"]), [int(n) for n in m["host_sizes"]]
+    out = {}
+    for f, key in m["arrays"].items():
+        a = np.asarray(arrays[key])
+        if verify:
+            for j in range(len(sizes)):
+                _check_block(a[j * cap:(j + 1) * cap], m["crc32"][f][j], where, m["name"], f, j)
+        out[f] = np.concatenate([a[j * cap:j * cap + n] for j, n in enumerate(sizes)])
+    return out
+
+
+def _build_sharded(plan, arrays, *, verify, where):
+    from .sharded import ShardedMemory, assign_shards
+
+    m, mesh, axis = plan["meta"], plan["mesh"], plan["axis"]
+    n_new = int(mesh.shape[axis])
+    if n_new == int(m["n_shards"]):
+        sm = ShardedMemory.from_global_arrays(mesh, {f: arrays[k] for f, k in m["arrays"].items()}, m["host_sizes"],
+                                              m["t"], spec=plan["spec"], axis=axis, placement=m["placement"],
+                                              next_shard=m["next_shard"])
+        if verify:  # each process checks the shards it holds
+            for f in m["arrays"]:
+                for j, block in sm.local_blocks(f).items():
+                    _check_block(block, m["crc32"][f][j], where, m["name"], f, j)
+        return sm
+    rows = _host_rows(m, arrays, verify, where)
+    n = int(m["size"])
+    shard = assign_shards([0] * n_new, n, m["placement"])
+    shard_rows = {j: {f: a[shard == j] for f, a in rows.items()} for j in range(n_new)}
+    sm = ShardedMemory.from_shard_rows(mesh, shard_rows, [int((shard == j).sum()) for j in range(n_new)],
+                                       d_in=int(m["d_in"]), d_out=int(m["d_out"]), spec=plan["spec"], t=int(m["t"]),
+                                       axis=axis, placement=m["placement"], dtype=np.dtype(m["dtype"]))
+    sm.next_shard = n % n_new
+    return sm
+
+
 class Checkpointer:
     """Keep the last ``keep`` checkpoints of a run in ``directory`` (created if needed).
 
@@ -288,13 +475,17 @@ class Checkpointer:
 
     # -- save
     def save(self, trainer, step: Optional[int] = None, *, rng=None, data_position=None, config=None,
-             policy=None, tiers: Optional[Mapping[str, Any]] = None, extra=None, force: bool = True) -> int:
+             policy=None, tiers: Optional[Mapping[str, Any]] = None, extra=None, force: bool = True,
+             sharded: Optional[Mapping[str, Any]] = None) -> int:
         """Write one checkpoint; returns its step.
 
         ``trainer``: a :class:`growmem.Trainer`, a ``TrainState``, or None (then pass ``step``). ``rng``: a PRNG key
         (typed or raw ``uint32``). ``data_position``, ``config``, ``policy`` and ``extra``:
         JSON-serialisable values (the data-order position, the model/run configuration that
         :meth:`restore` checks, a policy description). ``tiers``: ``{name: TieredMemory}``.
+        ``sharded``: ``{name: ShardedMemory}``, saved as global arrays (see the module
+        docstring); in a multi-process run every process must call ``save`` with the same
+        arguments.
         """
         if trainer is None:  # e.g. only tiered memories
             if step is None:
@@ -308,23 +499,28 @@ class Checkpointer:
             raise CheckpointError(f"cannot save step {step}: {self.directory} already holds step {latest}; "
                                   f"resume from it, or use another directory")
         arrays, leaves, memories, tiers_meta, rng_meta = _describe_and_pack(state, rng=rng, tiers=tiers)
+        global_arrays, sharded_meta = _describe_sharded(sharded)
         import growmem
 
         meta = {
-            "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "growmem_version": growmem.__version__,
+            "format": FORMAT_NAME, "format_version": SHARDED_FORMAT_VERSION if sharded_meta else FORMAT_VERSION,
+            "growmem_version": growmem.__version__,
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "step": step, "leaves": leaves, "memories": memories, "tiers": tiers_meta, "rng": rng_meta,
             "data_position": data_position, "config": config, "policy": policy, "extra": extra,
-            "bytes": int(sum(a.nbytes for a in arrays.values())),
+            "bytes": int(sum(a.nbytes for a in arrays.values()) + sum(m["bytes_saved"] for m in sharded_meta)),
         }
+        if sharded_meta:
+            meta["sharded"] = sharded_meta
         try:
             json.dumps(meta)
         except TypeError as e:
             raise CheckpointError(f"data_position, config, policy and extra must be JSON-serialisable: {e}") from e
         ocp = self._ocp
         items = {META_ITEM: ocp.args.JsonSave(meta)}
-        if arrays:
-            items[STATE_ITEM] = ocp.args.PyTreeSave(arrays)
+        if arrays or global_arrays:
+            # numpy arrays are written by process 0; global jax.Arrays shard by shard, by their owners
+            items[STATE_ITEM] = ocp.args.PyTreeSave({**arrays, **global_arrays})
         try:
             self._mgr.save(step, args=ocp.args.Composite(**items), force=force)
             self._mgr.wait_until_finished()
@@ -358,28 +554,37 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint for step {step} in {self.directory}; have {steps}")
         return int(step)
 
-    def _read_arrays(self, step: int, meta: dict) -> Dict[str, np.ndarray]:
+    def _read_arrays(self, step: int, meta: dict, sharded_args: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        """The host (numpy) arrays of ``meta``, plus the sharded arrays named in ``sharded_args``
+        (``{array name: orbax RestoreArgs}``; the other sharded arrays are not read)."""
         names = [e["array"] for e in meta["leaves"] if "array" in e]
         names += [a for m in meta["memories"] for a in m["arrays"].values()]
         names += [a for t in meta["tiers"] for a in t["arrays"].values()]
         if meta.get("rng"):
             names.append(meta["rng"]["array"])
-        if not names:
+        sharded_args = dict(sharded_args or {})
+        if not names and not sharded_args:
             return {}
         ocp = self._ocp
+        host = ocp.RestoreArgs(restore_type=np.ndarray)
+        restore_args = {**{n: host for n in names}, **sharded_args}
+        n_saved = len(names) + sum(len(m["arrays"]) for m in meta.get("sharded", []))
         try:
-            out = self._mgr.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeRestore()}))
-            arrays = {k: np.asarray(v) for k, v in out[STATE_ITEM].items()}
+            args = ocp.args.PyTreeRestore(item={n: 0 for n in restore_args}, restore_args=restore_args,
+                                          partial_restore=len(restore_args) < n_saved)
+            out = self._mgr.restore(step, args=ocp.args.Composite(**{STATE_ITEM: args}))
+            arrays = {k: (v if k in sharded_args else np.asarray(v)) for k, v in out[STATE_ITEM].items()}
         except Exception as e:  # orbax/tensorstore raise many types for damaged files
             raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} cannot be read — a file is "
                                          f"missing or truncated: {type(e).__name__}: {e}") from e
-        missing = [n for n in names if n not in arrays]
+        missing = [n for n in restore_args if n not in arrays]
         if missing:
             raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} lacks arrays {missing}")
         return arrays
 
     def restore(self, trainer=None, step: Optional[int] = None, *, config=None, tiers_dir=None,
-                tier_specs: Optional[Mapping[str, Any]] = None, verify: bool = True) -> Restored:
+                tier_specs: Optional[Mapping[str, Any]] = None, sharded_mesh=None,
+                sharded_specs: Optional[Mapping[str, Any]] = None, verify: bool = True) -> Restored:
         """Restore a checkpoint (latest by default) into ``trainer``.
 
         ``trainer`` (a :class:`growmem.Trainer`, or a ``TrainState`` used as a template)
@@ -391,6 +596,12 @@ class Checkpointer:
         Tiered memories are reopened at their saved rows (``tiers_dir`` overrides the saved
         location, e.g. after moving the run: tier ``name`` is then read from ``tiers_dir/name``; ``tier_specs[name]`` supplies the GrowingSpec of a
         layer whose spec holds a policy).
+
+        Sharded memories are restored when ``sharded_mesh`` is given: a ``Mesh`` (every
+        sharded layer onto it) or ``{name: Mesh}`` (only those layers). Each shard is read
+        onto its device of the mesh; ``sharded_specs[name]`` is checked against the saved
+        spec. See the module docstring for restoring onto a different number of shards.
+        In a multi-process run every process must call ``restore`` with the same arguments.
         """
         step = self._pick(step)
         meta = self.read_meta(step)
@@ -399,9 +610,12 @@ class Checkpointer:
             if diffs:
                 raise ConfigMismatchError(f"checkpoint step {step} in {self.directory} was written with a different "
                                           f"config: " + "; ".join(diffs))
-        arrays = self._read_arrays(step, meta)
+        where = f"checkpoint step {step} in {self.directory}"
+        plan = _plan_sharded(meta, sharded_mesh, sharded_specs, where)
+        arrays = self._read_arrays(step, meta, {k: a for p in plan for k, a in p["args"].items()})
         if verify:
-            _verify(arrays, meta, where=f"checkpoint step {step} in {self.directory}")
+            _verify(arrays, meta, where=where)
+        sharded = {p["meta"]["name"]: _build_sharded(p, arrays, verify=verify, where=where) for p in plan}
         state = None
         if trainer is not None:
             state = _rebuild(_state_of(trainer), arrays, meta, where=f"checkpoint step {step} in {self.directory}")
@@ -426,16 +640,16 @@ class Checkpointer:
                                                                 spec=(tier_specs or {}).get(t["name"]))
         return Restored(step=step, state=state, rng=rng, data_position=meta.get("data_position"),
                         config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"),
-                        tiers=tiers, meta=meta)
+                        tiers=tiers, meta=meta, sharded=sharded)
 
 
 def check_version(meta: dict, where: str = "checkpoint"):
     fmt, ver = meta.get("format"), meta.get("format_version")
     if fmt != FORMAT_NAME:
         raise IncompatibleVersionError(f"{where}: not a growmem checkpoint (format {fmt!r})")
-    if ver != FORMAT_VERSION:
+    if ver not in READABLE_VERSIONS:
         raise IncompatibleVersionError(f"{where}: checkpoint format version {ver} is incompatible with this "
-                                       f"growmem (reads format version {FORMAT_VERSION})")
+                                       f"growmem (reads format version {' or '.join(map(str, READABLE_VERSIONS))})")
 
 
 def _verify(arrays, meta, where):
@@ -553,6 +767,14 @@ def inspect(directory, step: Optional[int] = None) -> dict:
                            "bytes": t["bytes_hot"] + t["bytes_cold"], "kernel": t.get("kernel"),
                            "temperature": t.get("temperature"), "cold_url": t.get("url"),
                            "generation": t.get("generation")})
+        for m in meta.get("sharded", []):
+            spec = m.get("spec") or {}
+            layers.append({"layer": m["name"], "rows": m["size"], "hot": m["size"], "cold": 0,
+                           "capacity": m["capacity_per_shard"], "d_in": m["d_in"], "d_out": m["d_out"],
+                           "bytes": m["bytes"], "kernel": spec.get("kernel") if isinstance(spec, dict) else None,
+                           "temperature": spec.get("temperature") if isinstance(spec, dict) else None,
+                           "shards": list(m["host_sizes"]), "placement": m["placement"],
+                           "next_shard": m["next_shard"]})
         return {"directory": ck.directory, "step": meta["step"], "steps": ck.all_steps(),
                 "created_at": meta["created_at"], "format_version": meta["format_version"],
                 "growmem_version": meta.get("growmem_version"), "policy": meta.get("policy"),
@@ -579,6 +801,11 @@ def format_inspect(info: dict) -> str:
         t = "" if l["temperature"] is None else f" (T={l['temperature']})"
         lines.append(f"{l['layer']:<16}{l['rows']:>10}{l['hot']:>10}{l['cold']:>10}{l['bytes']:>14}  "
                      f"{l['kernel']}{t}")
+        if l.get("shards") is not None:
+            sh = l["shards"]
+            shown = ", ".join(map(str, sh if len(sh) <= 16 else sh[:8])) + ("" if len(sh) <= 16 else ", ...")
+            lines.append(f"{'':<16}{len(sh)} shards × capacity {l['capacity']} ({l['placement']}), rows per shard: "
+                         f"[{shown}]")
     return "\n".join(lines)
 
 
@@ -586,7 +813,10 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
     """Write the rows of every layer as plain numpy arrays to ``npz_path``.
 
     Arrays are named ``<layer>/w``, ``<layer>/k``, ``<layer>/v``, ``<layer>/born`` (all
-    rows: cold rows first, then hot rows, for tiered memories). The npz also holds
+    rows: cold rows first, then hot rows, for tiered memories; shard 0's rows first, then
+    shard 1's..., for sharded memories, whose rows per shard are in the description —
+    this gathers every shard into this process, so it refuses to run in a multi-process
+    ``jax.distributed`` run). The npz also holds
     ``__description__``, a JSON string with kernels, temperatures, rules, shapes and the
     step; the same JSON is written next to it as ``<npz>.json``. Returns the description.
     """
@@ -594,8 +824,15 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
     try:
         step = ck._pick(step)
         meta = ck.read_meta(step)
-        arrays = ck._read_arrays(step, meta)
-        _verify(arrays, meta, where=f"checkpoint step {step} in {ck.directory}")
+        if meta.get("sharded") and jax.process_count() > 1:
+            raise CheckpointError(f"export gathers the rows of the sharded layers "
+                                  f"{[m['name'] for m in meta['sharded']]} into one process; run it in a single "
+                                  f"process (this is process {jax.process_index()} of {jax.process_count()})")
+        host = ck._ocp.RestoreArgs(restore_type=np.ndarray)
+        arrays = ck._read_arrays(step, meta, {k: host for m in meta.get("sharded", []) for k in m["arrays"].values()})
+        where = f"checkpoint step {step} in {ck.directory}"
+        _verify(arrays, meta, where=where)
+        sharded_rows = {m["name"]: _host_rows(m, arrays, True, where) for m in meta.get("sharded", [])}
     finally:
         ck.close()
     out, layers = {}, {}
@@ -621,6 +858,15 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
             layers[t["name"]] = {"rows": t["rows_hot"] + t["rows_cold"], "d_in": t["d_in"], "d_out": t["d_out"],
                                  "t": t.get("t"), "kernel": t.get("kernel"), "temperature": t.get("temperature"),
                                  "momentum": t.get("momentum"), "spec": t.get("spec")}
+    for m in meta.get("sharded", []):
+        for f, a in sharded_rows[m["name"]].items():
+            out[f"{m['name']}/{f}"] = a
+        spec = m.get("spec") or {}
+        layers[m["name"]] = {"rows": m["size"], "d_in": m["d_in"], "d_out": m["d_out"], "t": m["t"], "spec": spec,
+                             "kernel": spec.get("kernel") if isinstance(spec, dict) else None,
+                             "temperature": spec.get("temperature") if isinstance(spec, dict) else None,
+                             "momentum": spec.get("momentum") if isinstance(spec, dict) else None,
+                             "shards": list(m["host_sizes"]), "placement": m["placement"]}
     desc = {"format": "growmem-export", "source": os.path.abspath(os.fspath(directory)), "step": meta["step"],
             "created_at": meta["created_at"], "format_version": meta["format_version"],
             "value_convention": "v holds ṽ = w·v for the weighted_softmax kernel (Eq. 8), v otherwise",

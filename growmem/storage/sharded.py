@@ -29,6 +29,12 @@ only the rows of its own (addressable) shards, and call :meth:`retrieve` /
 :meth:`append` with the same query / candidate batch in every process. On CPU
 the cross-process collectives go through gloo
 (``jax_cpu_collectives_implementation``); on GPU/TPU clusters through NCCL/ICI.
+
+Checkpoints: ``Checkpointer.save(None, step, sharded={"mem": sm})`` writes the
+row arrays as global ``jax.Array``s through Orbax (each process writes only its
+own shards; nothing is gathered), and ``Checkpointer.restore(sharded_mesh=mesh)``
+reads each shard straight onto its device of the target mesh — see
+:mod:`growmem.storage.checkpoint`. Every process calls both.
 """
 from __future__ import annotations
 
@@ -125,6 +131,13 @@ def _append_fn(mesh: Mesh, axis: str):
     return jax.jit(f, donate_argnums=(0, 1, 2, 3, 4))
 
 
+@functools.lru_cache(maxsize=None)
+def _allgather_fn(mesh: Mesh, axis: str):
+    f = jax.shard_map(lambda x: jax.lax.all_gather(x, axis, tiled=True), mesh=mesh, in_specs=P(axis), out_specs=P(),
+                      check_vma=False)
+    return jax.jit(f)
+
+
 def _global(mesh, spec_p, shape, dtype, fetch):
     """A global array from ``fetch(index) -> local block`` (works single- and multi-process)."""
     sharding = NamedSharding(mesh, spec_p)
@@ -211,6 +224,26 @@ class ShardedMemory:
         sz = np.asarray(sizes, np.int32)
         sizes_arr = _global(mesh, P(axis), (s,), np.int32, lambda idx: sz[idx])
         return cls(mesh, arrays, sizes_arr, sizes, t, spec=spec, axis=axis, placement=placement)
+
+    @classmethod
+    def from_global_arrays(cls, mesh: Mesh, arrays: Dict[str, jax.Array], host_sizes: Sequence[int], t, *, spec,
+                           axis: str = "rows", placement: str = "round_robin", next_shard: int = 0):
+        """Wrap global row arrays (``w, k, v, born``, each ``(S·C, ...)`` sharded ``P(axis)`` over
+        ``mesh``, e.g. restored by Orbax); ``host_sizes``: rows in use of every shard."""
+        s = int(mesh.shape[axis])
+        host_sizes = [int(n) for n in host_sizes]
+        if len(host_sizes) != s:
+            raise ValueError(f"host_sizes has {len(host_sizes)} entries but the mesh axis {axis!r} has {s} shards")
+        rows = {int(arrays[f].shape[0]) for f in FIELDS}
+        if len(rows) != 1 or next(iter(rows)) % s:
+            raise ValueError(f"row arrays of {sorted(rows)} rows cannot be split into {s} equal shards")
+        cap = next(iter(rows)) // s
+        if max(host_sizes, default=0) > cap:
+            raise ValueError(f"host_sizes {host_sizes} exceed the capacity per shard {cap}")
+        sz = np.asarray(host_sizes, np.int32)
+        sizes_arr = _global(mesh, P(axis), (s,), np.int32, lambda idx: sz[idx])
+        return cls(mesh, dict(arrays), sizes_arr, host_sizes, t, spec=spec, axis=axis, placement=placement,
+                   next_shard=next_shard)
 
     @classmethod
     def from_memory(cls, mem: memlib.Memory, mesh: Mesh, *, axis: str = "rows", placement: str = "round_robin",
@@ -305,6 +338,34 @@ class ShardedMemory:
             else:
                 raise ValueError(f"shard {shard} is not addressable from process {jax.process_index()}")
         return out
+
+    def addressable_shard_ids(self) -> list:
+        """Indices of the shards held by this process's devices (sorted)."""
+        cap = self.capacity_per_shard
+        return sorted({(piece.index[0].start or 0) // cap for piece in self.k.addressable_shards})
+
+    def local_blocks(self, field: str) -> Dict[int, np.ndarray]:
+        """``{shard: host copy of its whole block (capacity rows, padding included)}`` for the
+        addressable shards of one field."""
+        cap = self.capacity_per_shard
+        return {(piece.index[0].start or 0) // cap: np.asarray(piece.data)
+                for piece in getattr(self, field).addressable_shards}
+
+    def allgather_per_shard(self, local: Dict[int, np.ndarray]) -> np.ndarray:
+        """Small per-shard values to every process: ``local[s]`` (same shape and dtype for
+        every shard) given by the process holding shard ``s``; returns ``(S, ...)`` with all
+        shards' values. A collective: every process must call it."""
+        s = self.n_shards
+        mine = self.addressable_shard_ids()
+        if sorted(local) != mine:
+            raise ValueError(f"process {jax.process_index()} holds shards {mine} but passed values for {sorted(local)}")
+        first = np.asarray(local[mine[0]])
+        if jax.process_count() == 1:
+            return np.stack([np.asarray(local[j], first.dtype) for j in range(s)])
+        x = _global(self.mesh, P(self.axis), (s,) + first.shape, first.dtype,
+                    lambda idx: np.stack([np.asarray(local[j], first.dtype)
+                                          for j in range(idx[0].start or 0, idx[0].stop or s)]))
+        return np.asarray(_allgather_fn(self.mesh, self.axis)(x).addressable_data(0))
 
     def to_memory(self) -> memlib.Memory:
         """Gather every shard's rows into one unsharded memory (shard order; single process)."""
