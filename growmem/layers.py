@@ -154,11 +154,25 @@ def retrieval_coeff(mem: memlib.Memory, t=None):
 
 
 def retrieve(mem: memlib.Memory, q, t=None):
-    """Kernel retrieval over a memory, with its momentum / policy coefficients (no ``W0 q``)."""
+    """Kernel retrieval over a memory, with its momentum / policy coefficients (no ``W0 q``).
+
+    A memory with a cold tier (``mem.cold``, rows spilled to disk by
+    :mod:`growmem.storage.spill`) merges the cold rows' partial result with the hot rows'
+    (log-sum-exp rule for the weighted softmax, a sum otherwise).
+    """
     spec = mem.spec
     coeff = retrieval_coeff(mem, t)
-    return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
-                            coeff=coeff, size=mem.size, chunk=spec.chunk)
+    if mem.cold is None:
+        return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
+                                coeff=coeff, size=mem.size, chunk=spec.chunk)
+    clock = mem.t if t is None else jnp.asarray(t, jnp.int32)
+    cold = mem.cold.parts(q, clock, spec)
+    if spec.kernel == "weighted_softmax":
+        hot = kernels.weighted_softmax_parts(q, mem.k, mem.v, mem.w, temperature=spec.temperature, coeff=coeff,
+                                             size=mem.size, chunk=spec.chunk)
+        return kernels.finish_parts(kernels.merge_parts([cold, hot]))
+    return cold + kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
+                                   coeff=coeff, size=mem.size, chunk=spec.chunk)
 
 
 class GrowingLayer(nn.Module):

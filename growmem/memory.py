@@ -14,6 +14,8 @@ Shapes (C = capacity):
     size: ()            rows in use (int32); rows [size, C) are unused padding
     t:    ()            the memory's clock: training steps completed (int32); rows
                         appended by step t+1 are born t+1
+    cold: None, or a view of older rows that spilled to a TensorStore tier
+          (:mod:`growmem.storage.spill`): retrieval and novelty search see them too
 """
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ class Memory:
     born: jax.Array
     size: jax.Array
     t: jax.Array
+    #: rows beyond this memory that retrieval must also see: a view of the layer's cold tier
+    #: (:class:`growmem.storage.spill.ColdView`; rows that spilled to disk), or None
+    cold: Any = None
     spec: Any = struct.field(pytree_node=False, default=None)
 
     @property

@@ -258,6 +258,8 @@ class Trainer:
         self.model = model
         self.loss_fn = get_loss(loss)
         self.tx = tx
+        if growth <= 1.0:
+            raise ValueError(f"growth factor must be > 1, got {growth}")
         self.growth = growth
         if variables is None:
             if sample_input is None:
@@ -280,6 +282,10 @@ class Trainer:
                                 opt_state=opt_state, policy_state=policy_state or None,
                                 hybrid_state=hybrid_state or None)
         self._bound = {p: int(m.size) for p, m in mems.items()}
+        #: :class:`growmem.storage.spill.Spill` once :meth:`enable_spill` was called
+        self.spill = None
+        #: per-layer upper bound on the hot capacity (set by spilling)
+        self._capacity_limit: Dict[tuple, int] = {}
         self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx, hybrid_tx=hybrid_tx),
                              donate_argnums=0 if donate else ())
         self._predict = jax.jit(lambda v, x: model.apply(v, x))
@@ -290,6 +296,18 @@ class Trainer:
 
     def memories(self) -> Dict[tuple, memlib.Memory]:
         return memories(self.state.collections)
+
+    def enable_spill(self, directory, *, ram_budget_bytes: int, **kwargs):
+        """Keep at most ``ram_budget_bytes`` of rows in RAM; older rows spill to TensorStore
+        (zarr v3) tiers under ``directory`` (a path or a TensorStore kvstore URL), one per layer.
+        Training and prediction still see every row. Returns the
+        :class:`growmem.storage.spill.Spill` (keyword arguments: ``chunk_rows``, ``read_ahead``,
+        ``compact_every``, ``overwrite``)."""
+        from .storage.spill import Spill
+
+        if self.spill is not None:
+            raise ValueError(f"this trainer already spills to {self.spill.directory}")
+        return Spill(self, directory, ram_budget_bytes=ram_budget_bytes, **kwargs)
 
     def set_state(self, state: TrainState):
         """Install ``state`` (e.g. a restored checkpoint) and reset the host-side row bounds."""
@@ -308,7 +326,10 @@ class Trainer:
                 exact = int(mem.size)
                 self._bound[path] = exact
                 if exact + extra > mem.capacity:
-                    changed[path] = memlib.ensure_capacity(mem, extra, growth=self.growth)
+                    target = max(exact + extra, int(np.ceil(mem.capacity * self.growth)))
+                    if path in self._capacity_limit:  # spilling keeps the hot rows within the budget
+                        target = max(exact + extra, min(target, self._capacity_limit[path]))
+                    changed[path] = memlib.with_capacity(mem, target)
         if changed:
             hybrid_state = self.state.hybrid_state
             if hybrid_state:
@@ -323,6 +344,8 @@ class Trainer:
     def step(self, x, y) -> Dict[str, float]:
         x = jnp.asarray(x)
         b = x.shape[0]
+        if self.spill is not None:
+            self.spill.before_step(b)
         self.ensure_capacity(b)
         self.state, metrics = self._step(self.state, x, jnp.asarray(y))
         for path in self._bound:

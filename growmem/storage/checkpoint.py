@@ -498,6 +498,9 @@ class Checkpointer:
         if latest is not None and step <= latest:  # orbax would skip it silently
             raise CheckpointError(f"cannot save step {step}: {self.directory} already holds step {latest}; "
                                   f"resume from it, or use another directory")
+        spill = getattr(trainer, "spill", None)
+        if spill is not None:  # a spilling trainer: its cold tiers, by reference
+            tiers = {**spill.checkpoint_tiers(), **(tiers or {})}
         arrays, leaves, memories, tiers_meta, rng_meta = _describe_and_pack(state, rng=rng, tiers=tiers)
         global_arrays, sharded_meta = _describe_sharded(sharded)
         import growmem
@@ -630,6 +633,9 @@ class Checkpointer:
             a = arrays[r["array"]]
             rng = jax.random.wrap_key_data(a, impl=r["key_impl"]) if r.get("key_impl") else jnp.asarray(a)
         tiers = {}
+        spill = getattr(trainer, "spill", None)
+        if spill is not None:  # the specs of the spilling layers (they may hold policies)
+            tier_specs = {**spill.tier_specs(), **(tier_specs or {})}
         if meta["tiers"]:
             from .tiered import TieredMemory
 
@@ -638,6 +644,12 @@ class Checkpointer:
                 where = tiers_dir if tiers_dir is None else os.path.join(os.fspath(tiers_dir), t["name"])
                 tiers[t["name"]] = TieredMemory.from_checkpoint(hot, t, directory=where,
                                                                 spec=(tier_specs or {}).get(t["name"]))
+        if spill is not None:
+            spill.adopt({t["name"]: tiers[t["name"]] for t in meta["tiers"] if "spill" in t}, meta["tiers"])
+        elif any("spill" in t for t in meta["tiers"]) and _is_trainer(trainer):
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} is of a run whose oldest rows spilled "
+                                  f"to disk; call trainer.enable_spill(DIR, ram_budget_bytes=..., resume=True) "
+                                  f"before restoring it")
         return Restored(step=step, state=state, rng=rng, data_position=meta.get("data_position"),
                         config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"),
                         tiers=tiers, meta=meta, sharded=sharded)
@@ -761,7 +773,13 @@ def inspect(directory, step: Optional[int] = None) -> dict:
                            "capacity": m["capacity"], "d_in": m["d_in"], "d_out": m["d_out"],
                            "bytes": m["bytes_hot"], "kernel": spec.get("kernel") if isinstance(spec, dict) else None,
                            "temperature": spec.get("temperature") if isinstance(spec, dict) else None})
+        by_name = {l["layer"]: l for l in layers}
         for t in meta["tiers"]:
+            if "spill" in t and t["name"] in by_name:  # a trainer's layer whose oldest rows spilled
+                l = by_name[t["name"]]
+                l.update(rows=l["hot"] + t["rows_cold"], cold=t["rows_cold"], bytes=l["bytes"] + t["bytes_cold"],
+                         cold_url=t.get("url"), generation=t.get("generation"))
+                continue
             layers.append({"layer": t["name"], "rows": t["rows_hot"] + t["rows_cold"], "hot": t["rows_hot"],
                            "cold": t["rows_cold"], "capacity": None, "d_in": t["d_in"], "d_out": t["d_out"],
                            "bytes": t["bytes_hot"] + t["bytes_cold"], "kernel": t.get("kernel"),
@@ -852,8 +870,32 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
 
         for t in meta["tiers"]:
             hot = {f: arrays[k] for f, k in t["arrays"].items()}
-            tier = TieredMemory.from_checkpoint(hot, t, read_only=True)
-            for f, a in tier.all_rows().items():
+            spec = t.get("spec")
+            if isinstance(spec, dict) and spec.get("policy") is not None:
+                # reading rows needs no policy (it cannot be rebuilt from its name anyway)
+                from .tiered import _spec_from_dict
+
+                spec = _spec_from_dict({**spec, "policy": None})
+            else:
+                spec = None
+            tier = TieredMemory.from_checkpoint(hot, t, read_only=True, spec=spec)
+            rows = tier.all_rows()
+            if "spill" in t and f"{t['name']}/w" in out:
+                # a trainer's layer whose oldest rows spilled: cold rows (with the weight decay they
+                # missed since they spilled) first, then the hot rows of the memory
+                from .spill import aged
+
+                spec = t.get("spec") or {}
+                pol = spec.get("policy") if isinstance(spec, dict) else None
+                retention = float(pol.get("retention", 1.0)) if isinstance(pol, dict) else 1.0
+                rows = aged(rows, 0, t["spill"]["seg_start"], t["spill"]["seg_t"], int(layers[t["name"]]["t"]),
+                            retention, spec.get("kernel") == "weighted_softmax")
+                for f, a in rows.items():
+                    out[f"{t['name']}/{f}"] = np.concatenate([a, out[f"{t['name']}/{f}"]])
+                layers[t["name"]]["rows"] += t["rows_cold"]
+                layers[t["name"]]["rows_cold"] = t["rows_cold"]
+                continue
+            for f, a in rows.items():
                 out[f"{t['name']}/{f}"] = a
             layers[t["name"]] = {"rows": t["rows_hot"] + t["rows_cold"], "d_in": t["d_in"], "d_out": t["d_out"],
                                  "t": t.get("t"), "kernel": t.get("kernel"), "temperature": t.get("temperature"),

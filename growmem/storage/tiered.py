@@ -366,6 +366,21 @@ class TieredMemory:
                 self._hot[f][self.rows_hot:self.rows_hot + b] = rows[f]
             self.rows_hot += b
 
+    def write_cold(self, rows: Dict[str, np.ndarray]):
+        """Append rows straight to the cold tier, bypassing the hot rows (a trainer whose hot rows
+        live in its own state spills this way, :mod:`growmem.storage.spill`). All-or-nothing:
+        :class:`TierWriteError` leaves the tier unchanged."""
+        if self.read_only:
+            raise TierError(f"tier at {self.url} is open read-only")
+        n = len(rows["w"])
+        if n == 0:
+            return
+        empty = {f: np.zeros((0,) + shape, self._dt(f)) for f, shape in self._shapes().items()}
+        pieces = {f: (empty[f], np.asarray(rows[f], self._dt(f)).reshape((n,) + self._shapes()[f]))
+                  for f in FIELDS}
+        with self._lock:
+            self._write_cold(pieces, n)
+
     def _write_cold(self, pieces, n):
         """Write ``n`` rows (given as (hot part, new part) per field) after the cold rows."""
         old = self.rows_cold
@@ -404,10 +419,13 @@ class TieredMemory:
         self._arrays = resized
 
     # ------------------------------------------------------------------ streaming
-    def _chunks(self, fields=FIELDS):
-        """Yield ``(rows dict, n_valid)`` chunks of ``chunk_rows`` rows: cold (read ahead), then hot."""
+    def _chunks(self, fields=FIELDS, cold_rows: Optional[int] = None, hot: bool = True):
+        """Yield ``(rows dict, n_valid)`` chunks of ``chunk_rows`` rows: cold (read ahead), then hot.
+
+        ``cold_rows`` streams only the first that many cold rows; ``hot=False`` skips the hot rows.
+        """
         c = self.chunk_rows
-        n_cold = self.rows_cold
+        n_cold = self.rows_cold if cold_rows is None else min(int(cold_rows), self.rows_cold)
         starts = list(range(0, n_cold, c))
 
         def issue(lo):
@@ -426,20 +444,12 @@ class TieredMemory:
             except Exception as e:
                 raise TierError(f"reading the cold tier at {self.url} failed: {e}") from e
             yield rows, n
-        for lo in range(0, self.rows_hot, c):
+        for lo in range(0, self.rows_hot if hot else 0, c):
             hi = min(self.rows_hot, lo + c)
             yield {f: self._hot[f][lo:hi] for f in fields}, hi - lo
 
     def _padded(self, rows, n):
-        if n == self.chunk_rows:
-            return rows
-        shapes = self._shapes()
-        out = {}
-        for f, a in rows.items():
-            p = np.zeros((self.chunk_rows,) + shapes[f], a.dtype)
-            p[:n] = a
-            out[f] = p
-        return out
+        return _padded_rows(rows, n, self.chunk_rows, self._shapes())
 
     def retrieve(self, q, t=None) -> jax.Array:
         """``(B, d_out)``: retrieval over all rows, cold and hot (same result as all-in-RAM)."""
@@ -584,6 +594,18 @@ class TieredMemory:
                 tier._hot[f][:n] = hot[f]
         tier.rows_hot = n
         return tier
+
+
+def _padded_rows(rows, n, chunk_rows, shapes):
+    """A chunk of ``n`` rows zero-padded to ``chunk_rows`` (so every chunk compiles to one program)."""
+    if n == chunk_rows:
+        return rows
+    out = {}
+    for f, a in rows.items():
+        p = np.zeros((chunk_rows,) + shapes[f], a.dtype)
+        p[:n] = a[:n]
+        out[f] = p
+    return out
 
 
 def _concat_slice(a, b, lo, hi):

@@ -1,0 +1,210 @@
+"""Training past the RAM budget: rows spill to TensorStore and training still sees all of them.
+
+The reference for every comparison is the same model trained by a plain all-in-RAM
+``Trainer`` (tested against independent computations in test_dual_form / test_policies).
+"""
+import numpy as np
+import pytest
+
+import jax
+
+from growmem import GrowingSpec, ResidualGrowingNet, Trainer
+from growmem import policies
+from growmem.storage.checkpoint import Checkpointer, CheckpointError
+from growmem.storage.tiered import TierError, row_bytes
+
+D, B, CHUNK = 8, 32, 256
+
+
+def _data(n_batches, seed=0, prototypes=None):
+    rng = np.random.default_rng(seed)
+    if prototypes is None:
+        x = rng.normal(size=(n_batches * B, D))
+    else:  # repeated patterns: later candidates land near old (cold) keys
+        protos = rng.normal(size=(prototypes, D))
+        x = protos[rng.integers(0, prototypes, n_batches * B)] + 0.05 * rng.normal(size=(n_batches * B, D))
+    x = x.astype(np.float32)
+    return x, np.sin(x[:, :2]).astype(np.float32)
+
+
+def _spec(kernel, policy=None):
+    if kernel == "weighted_softmax":
+        return GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, momentum=0.0 if policy else 0.5,
+                                init="random", init_rows=B, policy=policy)
+    # the linear dual form sums ⟨k, q⟩ = O(d) per row: a smaller η keeps 60 steps stable
+    return GrowingSpec.make(kernel, eta=0.1 if kernel == "rbf" else 0.005, temperature=1.0, policy=policy)
+
+
+def _model(spec):
+    return ResidualGrowingNet(d_out=2, n_blocks=1, block=spec, readout=spec, capacity=256)
+
+
+def _budget(hot_rows):
+    return hot_rows * (row_bytes(D, D) + row_bytes(D, 2))
+
+
+def _run(trainer, x, y, steps, start=0):
+    for i in range(start, steps):
+        trainer.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+
+
+def _rows_match(ref_trainer, spill, rtol=1e-3, atol=1e-5):
+    rows = spill.all_rows()
+    for path, mem in ref_trainer.memories().items():
+        ref = mem.rows()
+        got = rows["/".join(path)]
+        assert len(got["w"]) == len(ref["w"]), "/".join(path)
+        np.testing.assert_array_equal(got["born"], ref["born"])
+        for f in ("w", "k", "v"):
+            assert np.isfinite(ref[f]).all()
+            np.testing.assert_allclose(got[f], ref[f], rtol=rtol, atol=atol, err_msg=f"{'/'.join(path)} {f}")
+
+
+@pytest.mark.parametrize("kernel", ["weighted_softmax", "rbf", "linear"])
+def test_spilled_training_matches_all_in_ram(tmp_path, kernel):
+    x, y = _data(60)
+    model = _model(_spec(kernel))
+    ref = Trainer(model, loss="squared_error", sample_input=x[:1])
+    sp_tr = Trainer(model, loss="squared_error", sample_input=x[:1])
+    spill = sp_tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    _run(ref, x, y, 60)
+    _run(sp_tr, x, y, 60)
+    cold = spill.cold_rows()
+    hot = sp_tr.rows_in_use()
+    total = ref.rows_in_use()
+    assert all(cold[k] >= 2 * CHUNK for k in cold), cold          # several spills happened
+    assert all(hot[k] <= spill.hot_rows for k in hot), hot        # the hot rows stayed within the budget
+    assert all(m.capacity <= 1024 for m in sp_tr.memories().values())
+    assert {k: cold[k] + hot[k] for k in hot} == total
+    # the layers below the readout learned from g that flowed back through the readout's cold
+    # rows: rows and predictions equal the all-in-RAM run up to float rounding
+    _rows_match(ref, spill)
+    xt = np.random.default_rng(1).normal(size=(64, D)).astype(np.float32)
+    pr, ps = np.asarray(ref.predict(xt)), np.asarray(sp_tr.predict(xt))
+    assert np.abs(pr).max() > 1e-2
+    np.testing.assert_allclose(ps, pr, rtol=1e-4, atol=1e-5)
+
+
+def test_policies_across_tiers(tmp_path):
+    """Novelty admission sees the cold keys; decay and momentum reach the cold rows lazily."""
+    pol = policies.chain(policies.novelty(0.3), policies.weight_decay(0.01), policies.momentum(0.5))
+    steps = 100
+    x, y = _data(steps, prototypes=2000)
+    model = _model(_spec("weighted_softmax", pol))
+    ref = Trainer(model, loss="squared_error", sample_input=x[:1])
+    sp_tr = Trainer(model, loss="squared_error", sample_input=x[:1])
+    spill = sp_tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    _run(ref, x, y, steps)
+    _run(sp_tr, x, y, steps)
+    total = ref.rows_in_use()
+    assert all(n < B + steps * B * 0.8 for n in total.values()), total     # novelty refused candidates
+    assert all(n >= 2 * CHUNK for n in spill.cold_rows().values()), spill.cold_rows()
+    _rows_match(ref, spill)
+    xt = x[:64] + 0.01
+    np.testing.assert_allclose(np.asarray(sp_tr.predict(xt)), np.asarray(ref.predict(xt)), rtol=2e-4, atol=1e-5)
+
+
+def test_cold_pruning_by_compaction(tmp_path):
+    """compact() drops exactly the cold rows the policy's pruning rule drops (after their lazy decay)."""
+    eps = 0.01
+    pol = policies.weight_decay(0.005, prune_below=eps)
+    x, y = _data(70)
+    model = _model(_spec("rbf", pol))
+    tr = Trainer(model, loss="squared_error", sample_input=x[:1])
+    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    _run(tr, x, y, 70)
+    before = {k: v for k, v in spill.all_rows().items()}
+    n_cold = spill.cold_rows()
+    assert all(n >= CHUNK for n in n_cold.values())
+    # independent rule (App. D.1, RBF): a row goes when ‖v‖ < ε, on the cold rows as decayed now
+    expect = {k: np.linalg.norm(r["v"][:n_cold[k]], axis=1) >= eps for k, r in before.items()}
+    assert any((~m).any() for m in expect.values()) and any(m.any() for m in expect.values())
+    removed = spill.compact()
+    after = spill.all_rows()
+    for k, keep in expect.items():
+        assert removed[k] == int((~keep).sum())
+        assert spill.cold_rows()[k] == int(keep.sum())
+        for f in ("k", "v", "born"):
+            np.testing.assert_allclose(after[k][f][:keep.sum()], before[k][f][:n_cold[k]][keep], rtol=1e-6)
+    tr.step(x[:B], y[:B])   # training goes on over the compacted tier
+
+
+def test_resume_from_checkpoint_is_exact(tmp_path):
+    """Save mid-run, keep training (more rows spill past the checkpoint), then restore in a fresh
+    trainer and finish: bitwise the same as an uninterrupted spilling run."""
+    x, y = _data(60)
+    model = _model(_spec("weighted_softmax"))
+    budget = _budget(1024)
+    a = Trainer(model, loss="squared_error", sample_input=x[:1])
+    a.enable_spill(tmp_path / "a", ram_budget_bytes=budget, chunk_rows=CHUNK)
+    _run(a, x, y, 60)
+
+    b = Trainer(model, loss="squared_error", sample_input=x[:1])
+    sb = b.enable_spill(tmp_path / "b", ram_budget_bytes=budget, chunk_rows=CHUNK)
+    ck = Checkpointer(tmp_path / "ckpt")
+    _run(b, x, y, 40)
+    cold_at_save = sb.cold_rows()
+    assert all(n > 0 for n in cold_at_save.values())
+    ck.save(b)
+    _run(b, x, y, 56, start=40)
+    assert sb.cold_rows() != cold_at_save                     # rows written after the checkpoint
+
+    c = Trainer(model, loss="squared_error", sample_input=x[:1])
+    sc = c.enable_spill(tmp_path / "b", ram_budget_bytes=budget, chunk_rows=CHUNK, resume=True)
+    r = ck.restore(c)
+    assert r.step == 40 and sc.cold_rows() == cold_at_save
+    _run(c, x, y, 60, start=40)
+    xt = x[:64]
+    np.testing.assert_array_equal(np.asarray(c.predict(xt)), np.asarray(a.predict(xt)))
+    ra, rc = a.spill.all_rows(), sc.all_rows()
+    for k in ra:
+        for f in ra[k]:
+            np.testing.assert_array_equal(rc[k][f], ra[k][f])
+
+
+def test_export_and_inspect_include_cold_rows(tmp_path):
+    from growmem.storage.checkpoint import export, inspect
+
+    x, y = _data(40)
+    model = _model(_spec("rbf", policies.weight_decay(0.01)))
+    tr = Trainer(model, loss="squared_error", sample_input=x[:1])
+    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    _run(tr, x, y, 40)
+    Checkpointer(tmp_path / "ckpt").save(tr)
+    info = {l["layer"]: l for l in inspect(tmp_path / "ckpt")["layers"]}
+    hot, cold = tr.rows_in_use(), spill.cold_rows()
+    for k in hot:
+        assert (info[k]["hot"], info[k]["cold"], info[k]["rows"]) == (hot[k], cold[k], hot[k] + cold[k])
+    export(tmp_path / "ckpt", tmp_path / "rows.npz")
+    z = np.load(tmp_path / "rows.npz")
+    for k, rows in spill.all_rows().items():
+        for f in ("w", "k", "v", "born"):
+            np.testing.assert_allclose(z[f"{k}/{f}"], rows[f], rtol=1e-6)
+
+
+def test_errors(tmp_path):
+    x, y = _data(2)
+    hybrid = _spec("weighted_softmax").__class__.make("weighted_softmax", eta=1.0, beta=0.5, init="random",
+                                                      init_rows=B, hybrid=True)
+    with pytest.raises(ValueError, match="hybrid"):
+        Trainer(_model(hybrid), loss="squared_error", sample_input=x[:1]).enable_spill(
+            tmp_path / "h", ram_budget_bytes=_budget(1024))
+    capped = _spec("rbf", policies.capacity(100))
+    with pytest.raises(ValueError, match="capacity"):
+        Trainer(_model(capped), loss="squared_error", sample_input=x[:1]).enable_spill(
+            tmp_path / "c", ram_budget_bytes=_budget(1024))
+    with pytest.raises(ValueError, match="RAM budget"):
+        Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1]).enable_spill(
+            tmp_path / "s", ram_budget_bytes=_budget(300), chunk_rows=CHUNK)
+    # a checkpoint of a spilling run cannot be restored into a trainer that does not spill
+    tr = Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1])
+    tr.enable_spill(tmp_path / "t", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    _run(tr, x, y, 2)
+    Checkpointer(tmp_path / "ck").save(tr)
+    with pytest.raises(CheckpointError, match="enable_spill"):
+        Checkpointer(tmp_path / "ck").restore(Trainer(_model(_spec("rbf")), loss="squared_error",
+                                                      sample_input=x[:1]))
+    # the tier exists: creating it again without overwrite/resume is refused
+    with pytest.raises(TierError, match="already exists"):
+        Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1]).enable_spill(
+            tmp_path / "t", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
