@@ -315,6 +315,15 @@ class Trainer:
         self._bound = {p: int(m.size) for p, m in memories(state.collections).items()}
 
     def rows_in_use(self) -> Dict[str, int]:
+        """Rows of every layer, ``{"layer/path": n}``: in RAM plus, when spilling, on disk."""
+        out = self.hot_rows()
+        if self.spill is not None:
+            for path, store in self.spill.stores.items():
+                out["/".join(path)] += store.rows
+        return out
+
+    def hot_rows(self) -> Dict[str, int]:
+        """Rows of every layer held in memory (all of them unless spilling)."""
         return {"/".join(p): int(m.size) for p, m in self.memories().items()}
 
     def ensure_capacity(self, extra: int):

@@ -56,3 +56,33 @@ def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="no complete checkpoint"):
         cli.main(["inspect", str(tmp_path / "empty")])
+
+
+def test_train_with_a_ram_budget_spills_and_resumes_exactly(tmp_path, capsys):
+    """--ram-budget: rows past the budget go to disk; an interrupted spilling run resumed from its
+    checkpoint ends bitwise where an uninterrupted spilling run ends, and holds the same rows as a
+    run without a budget (up to float rounding)."""
+    small = ["--batch-size", "32", "--test-size", "64", "--eval-every", "10", "--blocks", "1", "--momentum", "0.0"]
+    budget = ["--ram-budget", "1.25MB"]    # about 1070 rows per layer in RAM (of 1952)
+
+    def train(name, steps, *extra):
+        return cli.main(["train", "--steps", str(steps), "--out", str(tmp_path / f"out-{name}"), *small, *extra])
+
+    assert train("ram", 60) == 0
+    assert train("a", 60, *budget, "--checkpoint-dir", str(tmp_path / "ck-a")) == 0
+    assert "spill to" in capsys.readouterr().out
+    assert train("b", 45, *budget, "--checkpoint-dir", str(tmp_path / "ck-b"), "--checkpoint-every", "10") == 0
+    assert train("b", 60, *budget, "--checkpoint-dir", str(tmp_path / "ck-b"), "--checkpoint-every", "10",
+                 "--resume") == 0
+    assert "resumed from step 45" in capsys.readouterr().out
+    m = {k: json.loads((tmp_path / f"out-{k}" / "metrics.json").read_text()) for k in ("ram", "a", "b")}
+    # (the interrupted run also evaluated at its last step, 45: compare the points both runs have)
+    assert m["a"]["final_test_loss"] == m["b"]["final_test_loss"] and m["a"]["rows"] == m["b"]["rows"]
+    assert [p for p in m["b"]["test_curve"] if p[0] != 45 * 32] == m["a"]["test_curve"]
+    np.testing.assert_allclose(m["a"]["final_test_loss"], m["ram"]["final_test_loss"], rtol=1e-3)
+    assert cli.main(["inspect", str(tmp_path / "ck-a"), "--json"]) == 0
+    layers = {l["layer"]: l for l in json.loads(capsys.readouterr().out)["layers"]}
+    assert all(l["cold"] > 0 and l["rows"] == l["hot"] + l["cold"] for l in layers.values()), layers
+    assert {k: l["rows"] for k, l in layers.items()} == m["ram"]["rows"] == m["a"]["rows"]
+    with pytest.raises(SystemExit, match="cannot read"):
+        train("c", 2, "--ram-budget", "lots")

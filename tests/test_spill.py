@@ -70,7 +70,8 @@ def test_spilled_training_matches_all_in_ram(tmp_path, kernel):
     _run(ref, x, y, 60)
     _run(sp_tr, x, y, 60)
     cold = spill.cold_rows()
-    hot = sp_tr.rows_in_use()
+    hot = sp_tr.hot_rows()
+    assert sp_tr.rows_in_use() == ref.rows_in_use()
     total = ref.rows_in_use()
     assert all(cold[k] >= 2 * CHUNK for k in cold), cold          # several spills happened
     assert all(hot[k] <= spill.hot_rows for k in hot), hot        # the hot rows stayed within the budget
@@ -172,7 +173,7 @@ def test_export_and_inspect_include_cold_rows(tmp_path):
     _run(tr, x, y, 40)
     Checkpointer(tmp_path / "ckpt").save(tr)
     info = {l["layer"]: l for l in inspect(tmp_path / "ckpt")["layers"]}
-    hot, cold = tr.rows_in_use(), spill.cold_rows()
+    hot, cold = tr.hot_rows(), spill.cold_rows()
     for k in hot:
         assert (info[k]["hot"], info[k]["cold"], info[k]["rows"]) == (hot[k], cold[k], hot[k] + cold[k])
     export(tmp_path / "ckpt", tmp_path / "rows.npz")

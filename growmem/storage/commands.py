@@ -1,6 +1,7 @@
 """The persistence parts of the ``growmem`` command.
 
 * ``growmem train ... --checkpoint-dir DIR [--checkpoint-every N] [--keep K] [--resume]``
+* ``growmem train ... --ram-budget SIZE [--spill-dir DIR]`` (rows past the budget spill to disk)
 * ``growmem inspect DIR [--step S] [--json]``
 * ``growmem export DIR --npz FILE [--step S]``
 
@@ -15,7 +16,20 @@ from pathlib import Path
 
 #: ``growmem train`` options that do not change the model or the data: they may differ on --resume
 RUN_CONTROL = frozenset({"out", "steps", "eval_every", "test_size", "checkpoint_dir", "checkpoint_every", "keep",
-                         "resume"})
+                         "resume", "spill_dir"})
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512MB"``, ``"1.5GiB"``, ``"4096"`` -> bytes (binary units: 1 MB = 2^20 B)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 512MB, 1.5GB or 4096 (bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def add_train_arguments(p):
@@ -28,6 +42,12 @@ def add_train_arguments(p):
     g.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default: 3)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --checkpoint-dir (the model configuration must match)")
+    g = p.add_argument_group("memory larger than RAM")
+    g.add_argument("--ram-budget", default=None, metavar="SIZE",
+                   help="keep at most SIZE (e.g. 512MB, 2GB) of rows in RAM; older rows spill to TensorStore tiers "
+                        "on disk and training still reads them")
+    g.add_argument("--spill-dir", type=Path, default=None,
+                   help="where the spilled rows go (default: CHECKPOINT_DIR/cold, else OUT/cold)")
 
 
 class TrainCheckpoints:
@@ -46,7 +66,10 @@ class TrainCheckpoints:
         self.last = getattr(args, "steps", None)
         if args.resume and args.checkpoint_dir is None:
             raise SystemExit("growmem train: --resume needs --checkpoint-dir")
+        spill = getattr(args, "ram_budget", None) is not None
         if args.checkpoint_dir is None:
+            if spill:
+                self._enable_spill(args, trainer, resume=False)
             return
         if self.every <= 0:
             raise SystemExit(f"growmem train: --checkpoint-every must be positive, got {self.every}")
@@ -57,7 +80,11 @@ class TrainCheckpoints:
             if args.resume:
                 if self.ckpt.latest_step() is None:
                     print(f"no checkpoint in {args.checkpoint_dir}: starting from step 0")
+                    if spill:
+                        self._enable_spill(args, trainer, resume=False)
                 else:
+                    if spill:  # reopen the tiers; the restore cuts them back to the checkpoint's rows
+                        self._enable_spill(args, trainer, resume=True)
                     r = self.ckpt.restore(trainer, config=config)
                     self.start = r.step
                     self.extra = r.extra
@@ -65,8 +92,30 @@ class TrainCheckpoints:
             elif self.ckpt.latest_step() is not None:
                 raise SystemExit(f"growmem train: {args.checkpoint_dir} already holds checkpoints (latest step "
                                  f"{self.ckpt.latest_step()}); pass --resume to continue, or another directory")
+            elif spill:
+                self._enable_spill(args, trainer, resume=False)
         except CheckpointError as e:
             raise SystemExit(f"growmem train: {e}") from None
+
+    @staticmethod
+    def _enable_spill(args, trainer, resume: bool):
+        from .tiered import TierError
+
+        try:
+            budget = parse_size(args.ram_budget)
+        except ValueError as e:
+            raise SystemExit(f"growmem train: --ram-budget: {e}") from None
+        where = args.spill_dir or (Path(args.checkpoint_dir) / "cold" if args.checkpoint_dir is not None
+                                   else Path(args.out) / "cold")
+        if resume and not Path(where).exists():
+            raise SystemExit(f"growmem train: --resume: the spilled rows of this run are not at {where}; pass the "
+                             f"--spill-dir the run used")
+        try:
+            trainer.enable_spill(where, ram_budget_bytes=budget, resume=resume, overwrite=not resume)
+        except (TierError, ValueError) as e:
+            raise SystemExit(f"growmem train: --ram-budget: {e}") from None
+        print(f"rows past {args.ram_budget} spill to {where} "
+              f"({trainer.spill.hot_rows} hot rows per layer, chunks of {trainer.spill.chunk_rows})")
 
     def after_step(self, step: int, extra=None, policy=None):
         if self.ckpt is not None and (step % self.every == 0 or step == self.last):
