@@ -162,6 +162,8 @@ def retrieve(mem: memlib.Memory, q, t=None):
     """
     spec = mem.spec
     coeff = retrieval_coeff(mem, t)
+    if mem.shards is not None:  # per-shard partial results merged across the mesh
+        return mem.shards.retrieve(mem, q, coeff)
     if mem.cold is None:
         return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
                                 coeff=coeff, size=mem.size, chunk=spec.chunk)

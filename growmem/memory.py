@@ -16,6 +16,8 @@ Shapes (C = capacity):
                         appended by step t+1 are born t+1
     cold: None, or a view of older rows that spilled to a TensorStore tier
           (:mod:`growmem.storage.spill`): retrieval and novelty search see them too
+    shards: None, or the mesh axis the rows are sharded over (static; rows
+          ``[s·C/S, (s+1)·C/S)`` live on shard ``s``)
 """
 from __future__ import annotations
 
@@ -53,6 +55,10 @@ class Memory:
     #: (:class:`growmem.storage.spill.ColdView`; rows that spilled to disk), or None
     cold: Any = None
     spec: Any = struct.field(pytree_node=False, default=None)
+    #: static: the rows are sharded along their axis over a device mesh
+    #: (:class:`growmem.storage.sharded.RowShards`); retrieval and novelty search then run
+    #: per shard and merge. None: one device
+    shards: Any = struct.field(pytree_node=False, default=None)
 
     @property
     def capacity(self) -> int:

@@ -337,7 +337,10 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
         q = rows.k
         thr = tau * math.sqrt(q.shape[1]) if relative else tau
         thr2 = jnp.asarray(thr * thr, q.dtype)
-        d2 = min_sq_distance(q, mem.k, size=mem.size, chunk=chunk)
+        if mem.shards is not None:  # each shard searches its own rows; the minima are merged
+            d2 = mem.shards.min_sq_distance(mem, q, chunk)
+        else:
+            d2 = min_sq_distance(q, mem.k, size=mem.size, chunk=chunk)
         if mem.cold is not None:  # rows that spilled to the cold tier count too
             d2 = jnp.minimum(d2, mem.cold.min_sq_distance(q))
         ok = mask & (d2 > thr2)

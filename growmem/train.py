@@ -284,6 +284,8 @@ class Trainer:
         self._bound = {p: int(m.size) for p, m in mems.items()}
         #: :class:`growmem.storage.spill.Spill` once :meth:`enable_spill` was called
         self.spill = None
+        #: :class:`growmem.storage.sharded.RowShards` once :meth:`enable_sharding` was called
+        self.shards = None
         #: per-layer upper bound on the hot capacity (set by spilling)
         self._capacity_limit: Dict[tuple, int] = {}
         self._step = jax.jit(functools.partial(train_step, model, self.loss_fn, tx, hybrid_tx=hybrid_tx),
@@ -307,10 +309,52 @@ class Trainer:
 
         if self.spill is not None:
             raise ValueError(f"this trainer already spills to {self.spill.directory}")
+        if self.shards is not None:
+            raise ValueError("this trainer's memories are sharded over a device mesh; spilling a sharded memory "
+                             "to disk is not supported — use one or the other")
         return Spill(self, directory, ram_budget_bytes=ram_budget_bytes, **kwargs)
+
+    def enable_sharding(self, mesh=None, axis: str = "rows"):
+        """Shard every growing layer's rows along their axis over ``mesh`` (default: all devices).
+
+        Each device holds ``1/S`` of every memory's capacity; retrieval and novelty search
+        run per shard and merge (:class:`growmem.storage.sharded.RowShards`); everything
+        else in the state is replicated. Results equal the unsharded trainer's up to float
+        rounding. Single process (on a CPU host, force several devices with
+        ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before importing JAX); a
+        sharded memory across processes is :class:`growmem.storage.sharded.ShardedMemory`.
+        """
+        from .storage.sharded import RowShards, row_mesh
+
+        if self.spill is not None:
+            raise ValueError("this trainer spills to disk; a sharded memory that also spills is not supported")
+        if jax.process_count() > 1:
+            raise ValueError("Trainer.enable_sharding runs in a single process; across processes use "
+                             "growmem.storage.sharded.ShardedMemory (jax.distributed)")
+        mesh = row_mesh(axis=axis) if mesh is None else mesh
+        shards = RowShards(mesh, axis)
+        if memlib.ROW_QUANTUM % shards.n_shards:
+            raise ValueError(f"a mesh axis of {shards.n_shards} devices does not divide the row quantum "
+                             f"{memlib.ROW_QUANTUM}: use a power of two")
+        self.shards = shards
+        self.state = self._place(self.state)
+        return shards
+
+    def _place(self, state):
+        """Memories sharded along rows, every other leaf replicated over the trainer's mesh."""
+        rep = self.shards.replicated()
+
+        def put(x):
+            if memlib.is_memory(x):
+                return self.shards.place(x)
+            return jax.device_put(x, rep) if isinstance(x, (jax.Array, np.ndarray)) else x
+
+        return jax.tree.map(put, state, is_leaf=memlib.is_memory)
 
     def set_state(self, state: TrainState):
         """Install ``state`` (e.g. a restored checkpoint) and reset the host-side row bounds."""
+        if self.shards is not None:
+            state = self._place(state)
         self.state = state
         self._bound = {p: int(m.size) for p, m in memories(state.collections).items()}
 
@@ -340,6 +384,8 @@ class Trainer:
                         target = max(exact + extra, min(target, self._capacity_limit[path]))
                     changed[path] = memlib.with_capacity(mem, target)
         if changed:
+            if self.shards is not None:
+                changed = {p: self.shards.place(m) for p, m in changed.items()}
             hybrid_state = self.state.hybrid_state
             if hybrid_state:
                 hybrid_state = dict(hybrid_state)
@@ -349,6 +395,8 @@ class Trainer:
                                                                  mems[path].capacity, m.capacity)
             self.state = self.state.replace(collections=_set_memories(self.state.collections, changed),
                                             hybrid_state=hybrid_state)
+            if self.shards is not None and hybrid_state:
+                self.state = self.state.replace(hybrid_state=self._place(hybrid_state))
 
     def step(self, x, y) -> Dict[str, float]:
         x = jnp.asarray(x)

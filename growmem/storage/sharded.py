@@ -38,6 +38,7 @@ reads each shard straight onto its device of the target mesh — see
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Dict, Optional, Sequence
 
@@ -136,6 +137,82 @@ def _allgather_fn(mesh: Mesh, axis: str):
     f = jax.shard_map(lambda x: jax.lax.all_gather(x, axis, tiled=True), mesh=mesh, in_specs=P(axis), out_specs=P(),
                       check_vma=False)
     return jax.jit(f)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShards:
+    """A trainer memory's rows sharded along their axis over ``mesh`` (``Trainer.enable_sharding``).
+
+    The memory keeps its usual layout — rows ``[0, size)`` in use, in order — with the row
+    axis split into ``S`` contiguous blocks, so every memory and policy operation keeps its
+    meaning (XLA partitions them); shard ``s`` holds rows ``[s·C/S, (s+1)·C/S)`` and at most
+    ``C/S`` of the capacity. Retrieval and novelty search run under ``shard_map``: each shard
+    works on its own rows in use only, and the partial results are merged (log-sum-exp rule,
+    sum, or minimum). Shards fill in order, so while the memory is less than full the last
+    shards idle: the memory is spread, not the work of a half-full memory.
+    """
+
+    mesh: Mesh
+    axis: str = "rows"
+
+    @property
+    def n_shards(self) -> int:
+        return int(self.mesh.shape[self.axis])
+
+    def rows(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P(self.axis))
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, P())
+
+    def _local_size(self, size, capacity):
+        per = capacity // self.n_shards
+        return jnp.clip(size - jax.lax.axis_index(self.axis) * per, 0, per).astype(jnp.int32)
+
+    def retrieve(self, mem, q, coeff):
+        """The layer output over all shards' rows (replicated); differentiable like the unsharded kernels."""
+        spec, axis, cap = mem.spec, self.axis, mem.capacity
+        wsm = spec.kernel == "weighted_softmax"
+
+        def local(q, w, k, v, c, size):
+            n = self._local_size(size, cap)
+            if wsm:
+                m, num, den = kernels.weighted_softmax_parts(q, k, v, w, temperature=spec.temperature, coeff=c,
+                                                             size=n, chunk=spec.chunk)
+                ms, nums, dens = (jax.lax.all_gather(a, axis) for a in (m, num, den))
+                merged = kernels.merge_parts([(ms[i], nums[i], dens[i]) for i in range(ms.shape[0])])
+                return kernels.finish_parts(merged)
+            return jax.lax.psum(kernels.retrieve(spec.kernel, q, k, v, w, temperature=spec.temperature, coeff=c,
+                                                 size=n, chunk=spec.chunk), axis)
+
+        if coeff is None:
+            f = lambda q, w, k, v, size: local(q, w, k, v, None, size)
+            args, specs = (q, mem.w, mem.k, mem.v, mem.size), (P(), P(axis), P(axis), P(axis), P())
+        else:
+            f = local
+            args, specs = (q, mem.w, mem.k, mem.v, coeff, mem.size), (P(), P(axis), P(axis), P(axis), P(axis), P())
+        return jax.shard_map(f, mesh=self.mesh, in_specs=specs, out_specs=P(), check_vma=False)(*args)
+
+    def min_sq_distance(self, mem, q, chunk: int):
+        """``(B,)``: ``min_j ‖q − k_j‖²`` over every shard's rows in use."""
+        from ..policies import min_sq_distance
+
+        axis, cap = self.axis, mem.capacity
+
+        def local(q, k, size):
+            return jax.lax.pmin(min_sq_distance(q, k, size=self._local_size(size, cap), chunk=chunk), axis)
+
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(axis), P()), out_specs=P(),
+                             check_vma=False)(q, mem.k, mem.size)
+
+    def place(self, mem):
+        """``mem`` with its row arrays sharded over the mesh and the rest replicated."""
+        if mem.capacity % self.n_shards:
+            raise ValueError(f"capacity {mem.capacity} does not split over {self.n_shards} shards")
+        rows, rep = self.rows(), self.replicated()
+        return mem.replace(w=jax.device_put(mem.w, rows), k=jax.device_put(mem.k, rows),
+                           v=jax.device_put(mem.v, rows), born=jax.device_put(mem.born, rows),
+                           size=jax.device_put(mem.size, rep), t=jax.device_put(mem.t, rep), shards=self)
 
 
 def _global(mesh, spec_p, shape, dtype, fetch):
