@@ -156,13 +156,13 @@ class ColdView:
         c = self.ref.chunk_rows
         t = jnp.zeros((), jnp.int32)
 
+        from ..policies import NOVELTY_CHUNK, min_sq_distance
+
         def body(best, i):
             def run(best):
                 (k,) = self._read(i, t, ("k",))
-                valid = jnp.arange(c) < self.n - i * c
-                d2 = jnp.sum(q * q, 1)[:, None] + jnp.sum(k * k, 1)[None, :] - 2.0 * q @ k.T
-                d2 = jnp.where(valid[None, :], jnp.maximum(d2, 0.0), jnp.inf)
-                return jnp.minimum(best, d2.min(axis=1))
+                n_valid = jnp.clip(self.n - i * c, 0, c)
+                return jnp.minimum(best, min_sq_distance(q, k, size=n_valid, chunk=NOVELTY_CHUNK))
 
             return jax.lax.cond(i * c < self.n, run, lambda b: b, best), None
 
