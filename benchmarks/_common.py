@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
 import statistics
@@ -134,3 +133,40 @@ def save_figure(fig, name: str, out_dir=RESULTS_DIR) -> Path:
     path = reporting.save_figure(fig, Path(out_dir) / f"{name}.png")
     plt.close(fig)
     return path
+
+
+# ----------------------------------------------------------------------------- storage benchmarks
+
+GB = 1 << 30
+
+
+def peak_rss_gb() -> float:
+    """Peak RSS of this process in GiB: ``VmHWM`` (the high-water mark of this process image).
+
+    Not ``getrusage(...).ru_maxrss``: on Linux that folds in the high-water mark of the
+    image replaced by ``exec``, i.e. the forking parent's RSS at fork time, so a benchmark
+    started by a large parent (pytest) would report the parent's peak."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / GB
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # KiB on Linux
+
+
+def raw_read(files, buf_mb: int = 16):
+    """``(bytes, seconds)`` of reading ``files`` sequentially with plain unbuffered reads."""
+    buf = bytearray(buf_mb << 20)
+    view = memoryview(buf)
+    total = 0
+    t0 = time.perf_counter()
+    for p in files:
+        with open(p, "rb", buffering=0) as fh:
+            while True:
+                n = fh.readinto(view)
+                if not n:
+                    break
+                total += n
+    return total, time.perf_counter() - t0

@@ -14,7 +14,7 @@ RAM budget, then measures, on the same files:
 ``read_bandwidth_fraction = (cold bytes / retrieval time) / raw read bandwidth``;
 the goal is ≥ 0.6 at ≥ 256 queries. Both are measured with a cold page cache when
 ``/proc/sys/vm/drop_caches`` is writable (root) — the JSON says which — and again
-with a warm one. Peak RSS (``ru_maxrss``) must stay within budget + 1 GB.
+with a warm one. Peak RSS (``VmHWM``) must stay within budget + 1 GB.
 
 The tier is written under ``--workdir`` (default: a fresh directory in /tmp, never
 inside the repository) and deleted at the end.
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common  # noqa: E402
+from _common import peak_rss_gb, raw_read  # noqa: E402
 import growmem as gm  # noqa: E402
 from growmem.storage.tiered import TieredMemory, row_bytes  # noqa: E402
 
@@ -57,10 +57,6 @@ PRESETS = {
     "paper": dict(rows=2_621_440, d_in=1024, d_out=16, budget_gb=1.0, chunk_rows=4096, queries=256,
                   append_rows=16_384, repeats=2, in_ram_rows=131_072, sweep=(16,)),
 }
-
-
-def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # ru_maxrss is KiB on Linux
 
 
 def cached_gb() -> float:
@@ -91,19 +87,6 @@ def cold_files(root: Path):
     return out
 
 
-def raw_read(files, buf_mb: int = 16):
-    buf = bytearray(buf_mb << 20)
-    view = memoryview(buf)
-    total = 0
-    t0 = time.perf_counter()
-    for p in files:
-        with open(p, "rb", buffering=0) as fh:
-            while True:
-                n = fh.readinto(view)
-                if not n:
-                    break
-                total += n
-    return total, time.perf_counter() - t0
 
 
 IN_RAM_CHILD = r"""

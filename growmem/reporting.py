@@ -43,6 +43,9 @@ def write_json(path, payload: Dict[str, Any]) -> Path:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(_jsonable(payload), f, indent=1, allow_nan=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

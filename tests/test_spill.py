@@ -6,7 +6,6 @@ The reference for every comparison is the same model trained by a plain all-in-R
 import numpy as np
 import pytest
 
-import jax
 
 from growmem import GrowingSpec, ResidualGrowingNet, Trainer
 from growmem import policies
@@ -181,6 +180,15 @@ def test_export_and_inspect_include_cold_rows(tmp_path):
     for k, rows in spill.all_rows().items():
         for f in ("w", "k", "v", "born"):
             np.testing.assert_allclose(z[f"{k}/{f}"], rows[f], rtol=1e-6)
+
+
+def test_preallocated_capacity_past_the_budget_is_given_back(tmp_path):
+    x, _ = _data(1)
+    tr = Trainer(ResidualGrowingNet(d_out=2, n_blocks=1, block=_spec("rbf"), readout=_spec("rbf"), capacity=8192),
+                 loss="squared_error", sample_input=x[:1])
+    assert {m.capacity for m in tr.memories().values()} == {8192}
+    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    assert spill.hot_rows == 1024 and {m.capacity for m in tr.memories().values()} == {1024}
 
 
 def test_errors(tmp_path):

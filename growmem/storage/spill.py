@@ -47,8 +47,6 @@ truncates cold rows written after the checkpoint, so a resumed run is exact.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
 import os
 from typing import Dict, Optional
 
@@ -243,7 +241,11 @@ class ColdStore:
         n_chunks = -(-n // c)
         fields = tuple(fields)
         futs = self._pending.pop((i, n, fields), None) or self._issue(i, n, fields)
-        step = -1 if self._last is not None and i < self._last else 1
+        # direction of travel: a pass starts at an end (forward: chunk 0, rematerialised backward: the last)
+        if i == 0 or i == n_chunks - 1:
+            step = 1 if i == 0 else -1
+        else:
+            step = -1 if self._last is not None and i < self._last else 1
         self._last = i
         ahead = {(j, n, fields) for j in range(i + step, i + step * (self.tier.read_ahead + 1), step)
                  if 0 <= j < n_chunks}
@@ -395,7 +397,13 @@ class Spill:
 
         tr = self.trainer
         mems = tr.memories()
-        new = {p: mems[p].replace(cold=s.view()) for p, s in self.stores.items()}
+        limit = memlib.round_capacity(self.hot_rows)
+        new = {}
+        for p, s in self.stores.items():
+            m = mems[p]
+            if m.capacity > limit:  # preallocated past the budget: give the room back (rows beyond spill first)
+                m = memlib.with_capacity(m, max(limit, int(m.size)))
+            new[p] = m.replace(cold=s.view())
         tr.state = tr.state.replace(collections=_set_memories(tr.state.collections, new))
 
     # -- the trainer calls this before every step
