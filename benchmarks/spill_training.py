@@ -32,8 +32,10 @@ Measured (all ratios within this run):
   the tier (``*_cached_chunks``): what is left is the cost of the callback structure (scan,
   callbacks, rematerialisation), the rest is the tier reads; plus a microbenchmark of one
   ``pure_callback`` returning a chunk, and the whole-table copies XLA inserts in each way's
-  compiled train step (the train step of the all-in-RAM way copies its key tables at the full
-  capacity every step, which makes its step slower than its forward + backward suggests);
+  compiled train step (before the Trainer split its step into a gradient and a donated update
+  program, the all-in-RAM step copied its key tables at the full capacity every step, which
+  made it slower than its forward + backward suggests — the cpu results below were measured
+  then);
 * predictions of both on a held-out batch (``max_pred_diff``) and its accuracy;
 * rows hot / cold at the end, the RAM budget, the cold bytes;
 * peak RSS: each way trained again alone in a child process (``VmHWM``, the RSS sampled
@@ -452,7 +454,10 @@ def table_copies(tr, x, y) -> dict:
     table in place. Returns the count and the bytes copied per step."""
     import re
 
-    txt = tr._step.lower(tr.state, jnp.asarray(x), jnp.asarray(y)).compile().as_text()
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    grads = tr._grads(tr.state, x, y)
+    txt = (tr._grads.lower(tr.state, x, y).compile().as_text() + "\n"
+           + tr._apply.lower(tr.state, grads, x.shape[0]).compile().as_text())
     shapes = {}
     for mem in tr.memories().values():
         for a in (mem.k, mem.v):

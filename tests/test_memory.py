@@ -171,14 +171,19 @@ def test_thousand_appends_trace_log_n_times():
 def test_trainer_traces_its_step_log_n_times(monkeypatch):
     kernel = "weighted_softmax"
     b, steps, d = 8, 150, 4
-    traces = []
-    original = train_mod.train_step
+    traces, grad_traces = [], []
+    original, original_grads = train_mod.apply_step, train_mod.step_gradients
 
-    def counting_train_step(*args, **kwargs):
+    def counting_apply_step(*args, **kwargs):
         traces.append(1)                # python side effect: once per trace
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "train_step", counting_train_step)
+    def counting_step_gradients(*args, **kwargs):
+        grad_traces.append(1)
+        return original_grads(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "apply_step", counting_apply_step)
+    monkeypatch.setattr(train_mod, "step_gradients", counting_step_gradients)
     spec = GrowingSpec.make(kernel, eta=0.1, beta=0.1, init="random", init_rows=b)
     # start small so that the run has to grow the memories several times
     net = GrowingLayer(spec, 2, capacity=QUANTUM)
@@ -194,5 +199,30 @@ def test_trainer_traces_its_step_log_n_times(monkeypatch):
     caps = {m.capacity for m in trainer.memories().values()}
     assert caps == {memory.round_capacity(2 ** math.ceil(math.log2(n / QUANTUM)) * QUANTUM)}
     assert 1 <= len(traces) <= math.log2(n / QUANTUM) + 3, len(traces)
-    assert trainer._step._cache_size() == len(traces)
+    assert trainer._apply._cache_size() == len(traces) == len(grad_traces) == trainer._grads._cache_size()
     assert np.isfinite(np.asarray(trainer.predict(xs[0]))).all()
+
+
+def test_trainer_two_programs_equal_the_one_program_train_step():
+    """Trainer runs step_gradients and a donated apply_step; the composition is train_step."""
+    from growmem import policies
+
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, init="random", init_rows=8,
+                            policy=policies.chain(policies.novelty(0.5), policies.weight_decay(0.01)))
+    model = ResidualGrowingNet(d_out=3, n_blocks=1, block=spec, readout=spec, capacity=QUANTUM)
+    r = np.random.default_rng(0)
+    xs = r.normal(size=(6, 8, 5)).astype(np.float32)
+    ys = r.integers(0, 3, size=(6, 8))
+    tr = Trainer(model, loss="cross_entropy", sample_input=xs[0])
+    state = jax.tree.map(jnp.copy, tr.state)
+    one = jax.jit(lambda st, x, y: train_mod.train_step(model, train_mod.cross_entropy, None, st, x, y))
+    for x, y in zip(xs, ys):
+        tr.step(x, y)
+        state, _ = one(state, jnp.asarray(x), jnp.asarray(y))
+    got, ref = tr.memories(), train_mod.memories(state.collections)
+    assert int(state.step) == int(tr.state.step) == len(xs)
+    for path in ref:
+        a, b = got[path].rows(), ref[path].rows()
+        assert len(a["w"]) == len(b["w"]) > 8
+        for f in ("w", "k", "v", "born"):
+            np.testing.assert_allclose(a[f], b[f], rtol=1e-5, atol=1e-6)
