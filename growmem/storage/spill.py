@@ -412,8 +412,10 @@ class Spill:
         if batch > self.hot_rows // 2:
             raise ValueError(f"batch of {batch} rows is more than half the {self.hot_rows} hot rows the RAM "
                              f"budget allows per layer: raise ram_budget_bytes")
+        from ..train import _set_memories
+
         tr = self.trainer
-        spilled = {}
+        spilled = False
         for path, store in self.stores.items():
             if tr._bound.get(path, 0) + batch <= self.hot_rows:
                 continue
@@ -428,15 +430,14 @@ class Spill:
                 raise ValueError(f"layer {'/'.join(path)}: cannot free room for {batch} rows ({exact} hot rows, "
                                  f"chunks of {c}, budget {self.hot_rows} rows)")
             host = {f: np.asarray(getattr(mem, f))[:n] for f in FIELDS}
+            # a failed write raises TierWriteError with this layer unchanged; layers spilled before
+            # it in this call are complete (their rows moved, none lost or doubled)
             store.spill(host, int(mem.t))
-            spilled[path] = (_drop_front(mem, jnp.asarray(n, jnp.int32)).replace(cold=store.view()), exact - n)
+            moved = _drop_front(mem, jnp.asarray(n, jnp.int32)).replace(cold=store.view())
+            tr.state = tr.state.replace(collections=_set_memories(tr.state.collections, {path: moved}))
+            tr._bound[path] = exact - n
+            spilled = True
         if spilled:
-            from ..train import _set_memories
-
-            tr.state = tr.state.replace(collections=_set_memories(tr.state.collections,
-                                                                  {p: m for p, (m, _) in spilled.items()}))
-            for p, (_, left) in spilled.items():
-                tr._bound[p] = left
             self.spills += 1
             if self.compact_every and self.spills % self.compact_every == 0:
                 self.compact()
