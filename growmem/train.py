@@ -334,7 +334,8 @@ class Trainer:
         (zarr v3) tiers under ``directory`` (a path or a TensorStore kvstore URL), one per layer.
         Training and prediction still see every row. Returns the
         :class:`growmem.storage.spill.Spill` (keyword arguments: ``chunk_rows``, ``read_ahead``,
-        ``compact_every``, ``overwrite``)."""
+        ``compact_every``, ``overwrite``, and ``resume=True`` to reopen the tiers of a run before
+        restoring its checkpoint)."""
         from .storage.spill import Spill
 
         if self.spill is not None:
