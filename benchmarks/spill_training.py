@@ -34,8 +34,8 @@ Measured (all ratios within this run):
   ``pure_callback`` returning a chunk, and the whole-table copies XLA inserts in each way's
   compiled train step (before the Trainer split its step into a gradient and a donated update
   program, the all-in-RAM step copied its key tables at the full capacity every step, which
-  made it slower than its forward + backward suggests — the cpu results below were measured
-  then);
+  made it slower than its forward + backward suggests; the committed cpu results are from
+  after the split: 0 copies);
 * predictions of both on a held-out batch (``max_pred_diff``) and its accuracy;
 * rows hot / cold at the end, the RAM budget, the cold bytes;
 * peak RSS: each way trained again alone in a child process (``VmHWM``, the RSS sampled
