@@ -76,3 +76,30 @@ REF = SimpleNamespace(linear=np_linear, rbf=np_rbf, weighted_softmax=np_weighted
 def ref():
     """Namespace of the numpy reference formulas above."""
     return REF
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """``small_tmpfs(size) -> Path``: a real tmpfs of ``size`` (e.g. "256k") mounted under
+    ``tmp_path`` and unmounted after the test — a disk that really fills. Skips the test
+    where mounting is not allowed (not root, no ``mount``, a container without the right)."""
+    import os
+    import shutil
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str):
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("needs root and mount(8) to mount a small tmpfs")
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount tmpfs: {r.stderr.decode()[:200]}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -219,44 +219,27 @@ def test_errors(tmp_path):
             tmp_path / "t", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
 
 
-def _can_mount():
-    import os
-    import subprocess
-
-    return os.geteuid() == 0 and subprocess.run(["which", "mount"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root to mount a small tmpfs")
-def test_disk_full_during_training_is_a_clear_error_and_loses_nothing(tmp_path):
+def test_disk_full_during_training_is_a_clear_error_and_loses_nothing(small_tmpfs):
     """A spill that fills the disk raises TierWriteError before the step; the trainer keeps every
     row and can still predict (and train on, once there is room)."""
-    import subprocess
-
     from growmem.storage.tiered import TierWriteError
 
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {r.stderr.decode()[:200]}")
-    try:
-        x, y = _data(80)
-        tr = Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1])
-        spill = tr.enable_spill(mnt / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
-        err = None
-        for i in range(80):
-            before = (tr.rows_in_use(), int(tr.state.step))
-            probe = np.asarray(tr.predict(x[:16]))
-            try:
-                tr.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
-            except TierWriteError as e:
-                err = e
-                break
-        assert err is not None, "the filesystem never filled"
-        assert "space" in str(err).lower() and "unchanged" in str(err)
-        assert sum(spill.cold_rows().values()) > 0      # earlier spills landed before the disk filled
-        # a layer that spilled before the failing one moved its rows completely: none lost or doubled
-        assert (tr.rows_in_use(), int(tr.state.step)) == before
-        np.testing.assert_allclose(np.asarray(tr.predict(x[:16])), probe, rtol=1e-5, atol=1e-6)
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    mnt = small_tmpfs("160k")
+    x, y = _data(80)
+    tr = Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1])
+    spill = tr.enable_spill(mnt / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    err = None
+    for i in range(80):
+        before = (tr.rows_in_use(), int(tr.state.step))
+        probe = np.asarray(tr.predict(x[:16]))
+        try:
+            tr.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+        except TierWriteError as e:
+            err = e
+            break
+    assert err is not None, "the filesystem never filled"
+    assert "space" in str(err).lower() and "unchanged" in str(err)
+    assert sum(spill.cold_rows().values()) > 0      # earlier spills landed before the disk filled
+    # a layer that spilled before the failing one moved its rows completely: none lost or doubled
+    assert (tr.rows_in_use(), int(tr.state.step)) == before
+    np.testing.assert_allclose(np.asarray(tr.predict(x[:16])), probe, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,6 @@
 """TensorStore cold tier: results equal the all-in-RAM memory; failures leave the memory intact."""
 import json
 import os
-import subprocess
 import uuid
 
 import jax.numpy as jnp
@@ -131,35 +130,23 @@ def test_failed_spill_leaves_the_memory_unchanged(tmp_path, monkeypatch):
     assert np.array_equal(reopened.all_rows()["k"], snap[2]["k"][: snap[0]])
 
 
-def _can_mount():
-    return os.geteuid() == 0 and subprocess.run(["which", "mount"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root to mount a small tmpfs")
-def test_real_disk_full_is_a_clear_error_and_leaves_the_memory_unchanged(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount tmpfs: {r.stderr.decode()[:200]}")
-    try:
-        tier = _tier(mnt / "t", hot_rows=100)
-        rs = np.random.RandomState(0)
-        err = None
-        for i in range(400):  # ~1 MB of rows into a 256 KiB filesystem
-            snap = _snapshot(tier)
-            try:
-                tier.append(rs.rand(57), rs.randn(57, D), rs.randn(57, E), born=i + 1)
-            except TierWriteError as e:
-                err = e
-                break
-        assert err is not None, "the filesystem never filled"
-        assert "No space left" in str(err) or "ENOSPC" in str(err) or "space" in str(err).lower()
-        _assert_unchanged(tier, snap)
-        q = rs.randn(4, D).astype(np.float32)
-        assert np.isfinite(np.asarray(tier.retrieve(q))).all()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def test_real_disk_full_is_a_clear_error_and_leaves_the_memory_unchanged(small_tmpfs):
+    mnt = small_tmpfs("256k")
+    tier = _tier(mnt / "t", hot_rows=100)
+    rs = np.random.RandomState(0)
+    err = None
+    for i in range(400):  # ~1 MB of rows into a 256 KiB filesystem
+        snap = _snapshot(tier)
+        try:
+            tier.append(rs.rand(57), rs.randn(57, D), rs.randn(57, E), born=i + 1)
+        except TierWriteError as e:
+            err = e
+            break
+    assert err is not None, "the filesystem never filled"
+    assert "No space left" in str(err) or "ENOSPC" in str(err) or "space" in str(err).lower()
+    _assert_unchanged(tier, snap)
+    q = rs.randn(4, D).astype(np.float32)
+    assert np.isfinite(np.asarray(tier.retrieve(q))).all()
 
 
 def test_checkpoint_references_the_cold_tier_by_generation_and_row_count(tmp_path):
