@@ -354,6 +354,8 @@ class Spill:
                                  f"in RAM; spilling makes no sense with it — drop one of the two")
             if m.cold is not None:
                 raise ValueError(f"layer {name} already spills (to {m.cold.ref.key})")
+            if np.dtype(m.k.dtype) != np.float32:
+                raise ValueError(f"layer {name} stores {m.k.dtype} rows; the cold tier reads float32 rows only")
         total_row = sum(row_bytes(m.d_in, m.d_out, np.dtype(m.k.dtype)) for m in mems.values())
         self.hot_rows = int(self.ram_budget_bytes // total_row)
         if chunk_rows is None:  # a power of two near COLD_CHUNK_BYTES, at most a quarter of the hot rows
