@@ -103,3 +103,34 @@ def small_tmpfs(tmp_path):
     yield mount
     for mnt in mounted:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def distributed_run():
+    """``distributed_run(script, args_of) -> logs``: start ``python script *args_of(i, port)`` for
+    processes ``i = 0, 1`` with one free coordinator ``port`` (a real 2-process
+    ``jax.distributed`` run on localhost, CPU), wait for both, and fail with their logs if
+    either exits non-zero."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+
+    def run(script, args_of, n: int = 2, timeout: int = 300):
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            port = sock.getsockname()[1]
+        procs = [subprocess.Popen([sys.executable, str(script), *map(str, args_of(i, port))], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
+        try:
+            logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        assert all(p.returncode == 0 for p in procs), "\n----\n".join(l[-3000:] for l in logs)
+        return logs
+
+    return run

@@ -1,6 +1,5 @@
 """Sharded memories: per-shard partials merged by log-sum-exp equal the unsharded memory."""
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -83,24 +82,8 @@ def test_sharded_retrieval_equals_unsharded_on_four_forced_host_devices():
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-4000:]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_under_jax_distributed_each_holding_half_the_rows(tmp_path):
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(HERE / "sharded_worker.py"), str(i), "2", str(port),
-                               str(tmp_path / f"p{i}.npz")], env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n----\n".join(l[-3000:] for l in logs)
+def test_two_processes_under_jax_distributed_each_holding_half_the_rows(tmp_path, distributed_run):
+    distributed_run(HERE / "sharded_worker.py", lambda i, port: (i, 2, port, tmp_path / f"p{i}.npz"))
     for i in range(2):
         z = np.load(tmp_path / f"p{i}.npz")
         assert int(z["process_count"]) == 2 and int(z["n_devices"]) == 2

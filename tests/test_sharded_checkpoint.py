@@ -2,7 +2,6 @@
 ``jax.distributed`` run, inspect/export, and clear errors."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -174,36 +173,20 @@ def test_four_host_devices_save_then_restore_in_a_fresh_process_is_bitwise_and_a
 
 # ----------------------------------------------------------------------------- 2 processes (jax.distributed)
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
-
-
-def _two_processes(mode, ckpt_dir, tmp_path):
-    port = _free_port()
+def _two_processes(run, mode, ckpt_dir, tmp_path):
     outs = [tmp_path / f"{mode}{i}.npz" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "sharded_ckpt_worker.py"), mode, str(i), "2", str(port),
-                               str(ckpt_dir), str(outs[i])], env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n----\n".join(l[-3000:] for l in logs)
+    run(HERE / "sharded_ckpt_worker.py", lambda i, port: (mode, i, 2, port, ckpt_dir, outs[i]))
     return [np.load(o) for o in outs]
 
 
-def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(tmp_path, ref):
+def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(tmp_path, ref, distributed_run):
     ckpt_dir = tmp_path / "ckpt"
-    saved = _two_processes("save", ckpt_dir, tmp_path)
+    saved = _two_processes(distributed_run, "save", ckpt_dir, tmp_path)
     # each process wrote its own shard's data (Orbax: one OCDBT sub-store per process)
     for i in range(2):
         sub = ckpt_dir / str(worker.STEP) / "state" / f"ocdbt.process_{i}"
         assert sub.is_dir() and any(p.is_file() for p in (sub / "d").iterdir()), sub
-    restored = _two_processes("restore", ckpt_dir, tmp_path)
+    restored = _two_processes(distributed_run, "restore", ckpt_dir, tmp_path)
     rows, q, cand1, cand2 = worker.make_data()
     per = worker.N // 2
     by_shard = {int(z["shard"]): z for z in saved}
