@@ -302,6 +302,7 @@ class ColdStore:
             return k
 
         before = self.rows
+        self._pending.clear()               # read-ahead of the old generation
         self.tier.compact(keep)
         kept = np.concatenate(masks) if masks else np.zeros(0, bool)
         # the block boundaries move with the rows: a block now starts after the rows kept before it
