@@ -4,10 +4,18 @@ The formulas are written straight from the paper (Eq. 1, Eq. 8 / Alg. 3, Alg. 5)
 are exposed through the ``ref`` fixture so every test file checks growmem against
 the same independent computation.
 """
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
+# Datasets: the project's shared copy (MNIST) when it is there and GROWMEM_DATA is unset; the
+# package itself never assumes that folder (growmem.data searches $GROWMEM_DATA, then ~/.cache/growmem).
+_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if _SHARED_DATA.is_dir():
+    os.environ.setdefault("GROWMEM_DATA", str(_SHARED_DATA))
 
 
 def np_linear(q, k, v, coeff=None):

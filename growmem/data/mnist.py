@@ -1,83 +1,48 @@
-"""MNIST from the standard gzipped IDX files (the four files of the original distribution).
+"""MNIST: the entry points older code uses, on top of :mod:`growmem.data.datasets`.
 
-Where the files are looked for, in order:
+Where the four gzipped IDX files are looked for (:func:`candidate_dirs`): an explicit ``data_dir``
+(``data_dir/mnist/`` or ``data_dir`` itself; a ``data_dir`` that does not exist is an error), else
+``$GROWMEM_DATA/mnist/`` or ``$GROWMEM_DATA``, then ``${XDG_CACHE_HOME:-~/.cache}/growmem/mnist/``.
+Every load verifies the files' content against pinned SHA-256 checksums.
 
-1. the ``data_dir`` argument (the CLI's ``--data-dir``),
-2. the ``GROWMEM_DATA`` environment variable (its ``mnist/`` subfolder, or the folder itself),
-3. ``../shared/data/mnist`` relative to the repository root.
-
-:func:`download` fetches the files for users who have none (tests never call it).
+:func:`load` never downloads unless ``download=True``; ``growmem.data.load("mnist", ...)`` downloads
+on first use. :func:`download` fetches the files into a given folder.
 """
 from __future__ import annotations
 
-import gzip
-import os
-import struct
-import urllib.request
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
+from . import datasets as _ds
+from .datasets import CorruptDatasetError, DatasetNotFoundError, read_idx  # noqa: F401  (public names)
+
+FILES = {split: tuple(files) for split, files in _ds.DATASETS["mnist"].splits.items()}
 #: public mirrors of the original files (the original site no longer serves them reliably)
-MIRRORS = (
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-)
-_REPO = Path(__file__).resolve().parents[2]
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-
-
-def read_idx(path) -> np.ndarray:
-    """Read one IDX file (gzipped or not) into an array of its stored shape and type."""
-    path = Path(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":  # gzip magic
-        data = gzip.decompress(data)
-    if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise ValueError(f"{path}: not an IDX file (bad magic number)")
-    code, ndim = data[2], data[3]
-    if code not in _IDX_DTYPES:
-        raise ValueError(f"{path}: unknown IDX element type 0x{code:02x}")
-    shape = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    arr = np.frombuffer(data, dtype=_IDX_DTYPES[code], offset=4 + 4 * ndim)
-    if arr.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: header says shape {shape} but holds {arr.size} elements")
-    return arr.reshape(shape)
+MIRRORS = _ds.DATASETS["mnist"].mirrors
 
 
 def candidate_dirs(data_dir=None) -> List[Path]:
     """The folders searched for the MNIST files, in order."""
-    out = []
-    if data_dir:
-        out += [Path(data_dir), Path(data_dir) / "mnist"]
-    env = os.environ.get("GROWMEM_DATA")
-    if env:
-        out += [Path(env) / "mnist", Path(env)]
-    out.append(_REPO.parent / "shared" / "data" / "mnist")
-    return out
+    return _ds.search_dirs("mnist", data_dir)
 
 
 def find(data_dir=None) -> Path:
-    """The first folder holding all four MNIST files; a clear error if there is none."""
+    """The first folder holding all four MNIST files; a :class:`DatasetNotFoundError` (a
+    FileNotFoundError) naming the folders searched and how to get the files if there is none."""
+    spec = _ds.DATASETS["mnist"]
+    if data_dir is not None:
+        _ds._explicit_dir("mnist", data_dir)
     searched = candidate_dirs(data_dir)
     for d in searched:
-        if all((d / f).is_file() for pair in FILES.values() for f in pair):
+        if not _ds._missing(spec, d):
             return d
-    raise FileNotFoundError(
-        "MNIST not found. Looked for the four files " + ", ".join(f for p in FILES.values() for f in p)
-        + " in:\n  " + "\n  ".join(str(d) for d in searched)
-        + "\nGet them with `python -c 'from growmem.data import mnist; mnist.download(\"DIR\")'` and pass "
-          "--data-dir DIR (or set GROWMEM_DATA=DIR).")
+    raise _ds._not_found(spec, searched, _ds.cache_dir("mnist", data_dir), [], MIRRORS, False)
 
 
 def available(data_dir=None) -> bool:
-    """Whether :func:`find` would find the four MNIST files."""
+    """Whether :func:`find` would find the four MNIST files (no network)."""
     try:
         find(data_dir)
         return True
@@ -86,40 +51,22 @@ def available(data_dir=None) -> bool:
 
 
 def load(split: str = "train", data_dir=None, *, limit: Optional[int] = None, flatten: bool = True,
-         dtype=np.float32) -> Tuple[np.ndarray, np.ndarray]:
-    """``(x, y)`` of one split: ``x`` pixels in [0, 1] ``(n, 784)`` (or ``(n, 28, 28)``), ``y`` int32."""
+         dtype=np.float32, download: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` of one split: ``x`` pixels in [0, 1] ``(n, 784)`` (or ``(n, 28, 28)``), ``y`` int32.
+
+    With ``download=True`` missing files are fetched into ``growmem.data.cache_dir("mnist", data_dir)``."""
     if split not in FILES:
         raise ValueError(f"split must be one of {sorted(FILES)}, got {split!r}")
-    d = find(data_dir)
-    images, labels = (read_idx(d / f) for f in FILES[split])
-    if len(images) != len(labels):
-        raise ValueError(f"{d}: {len(images)} {split} images but {len(labels)} labels")
-    if limit is not None:
-        images, labels = images[:limit], labels[:limit]
-    x = images.astype(dtype) / 255.0
-    if flatten:
-        x = x.reshape(len(x), -1)
-    return x, labels.astype(np.int32)
+    try:
+        d = find(data_dir)
+    except DatasetNotFoundError:
+        if not download:
+            raise
+        d = _ds.locate("mnist", data_dir, download=True)
+    return _ds.read_split("mnist", d, split, limit=limit, flatten=flatten, dtype=dtype)
 
 
-def download(directory, mirrors=MIRRORS) -> Path:
-    """Download the four gzipped IDX files into ``directory`` (skips files already there)."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    for name in (f for pair in FILES.values() for f in pair):
-        target = d / name
-        if target.is_file():
-            continue
-        errors = []
-        for base in mirrors:
-            try:
-                tmp = d / (name + ".part")
-                urllib.request.urlretrieve(base + name, tmp)
-                read_idx(tmp)  # validate before keeping it
-                tmp.replace(target)
-                break
-            except Exception as e:  # try the next mirror
-                errors.append(f"{base}: {e}")
-        else:
-            raise RuntimeError(f"could not download {name}:\n  " + "\n  ".join(errors))
-    return d
+def download(directory, mirrors: Sequence[str] = MIRRORS) -> Path:
+    """Download the four gzipped IDX files into ``directory`` (files already there are kept), each
+    verified before it is kept; a :class:`DatasetNotFoundError` listing every URL tried if one fails."""
+    return _ds.download("mnist", directory, mirrors=mirrors)
