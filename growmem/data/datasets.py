@@ -483,13 +483,16 @@ def _extract(spec: DatasetSpec, archive: Path, dest: Path, checksums: Mapping[st
         if lacking:
             raise CorruptDatasetError(f"{archive}: lacks {', '.join(f'{spec.folder}/{m}' for m in lacking)}. "
                                       f"{_FIX}", archive)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if _missing(spec, dest):  # not a finished copy made meanwhile by another process
-                raise CorruptDatasetError(
-                    f"{final}: an incomplete folder is in the way of extracting {archive.name} (missing "
-                    f"{', '.join(_missing(spec, dest))}). Delete the folder and load again.", final)
+        if final.is_dir():  # e.g. a damaged pickle was deleted: put back the missing ones, each atomically
+            for m in spec.members:
+                if not (final / m).is_file():
+                    os.replace(tmp / m, final / m)
+        else:
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if _missing(spec, dest):  # not a finished copy made meanwhile by another process
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
