@@ -120,7 +120,7 @@ def _map_kernels(fn, updates, params=None):
 
 # ----------------------------------------------------------------------------- Newton–Schulz
 
-def newton_schulz_inverse(M, steps: int, X0=None):
+def newton_schulz_inverse(M, steps: int, X0=None, *, precision=_HI):
     """``M⁻¹`` of an SPD ``M: (d, d)`` by ``steps`` Newton–Schulz iterations
     ``X_{k+1} = X_k (2I − M X_k)`` (Schulz 1933; F.7 / Table 8 use it for Eq. 121's inverse).
 
@@ -128,13 +128,14 @@ def newton_schulz_inverse(M, steps: int, X0=None):
     iteration; with this scaled identity the residual ``E_k = I − M X_k`` equals
     ``(I − M/‖M‖_F)^{2^k}``: every eigen-component of the error shrinks monotonically
     (``0 ≤ 1 − μ/‖M‖_F < 1`` for each eigenvalue ``μ > 0``), slowly at first and
-    quadratically once small — the pattern of Table 8 (5 steps < 10 ≈ exact). -> ``(d, d)``.
+    quadratically once small — the pattern of Table 8 (5 steps < 10 ≈ exact). ``precision``
+    of the matrix products (default HIGHEST: true fp32 on GPU/TPU). -> ``(d, d)``.
     """
     d = M.shape[-1]
     eye = jnp.eye(d, dtype=M.dtype)
     X = eye / jnp.linalg.norm(M) if X0 is None else X0
     for _ in range(int(steps)):
-        X = jnp.matmul(X, 2.0 * eye - jnp.matmul(M, X, precision=_HI), precision=_HI)
+        X = jnp.matmul(X, 2.0 * eye - jnp.matmul(M, X, precision=precision), precision=precision)
     return X
 
 
@@ -151,7 +152,8 @@ class MesaState(NamedTuple):
 
 
 def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cumulative",
-                  inverse: str = "exact", ns_steps: int = 10) -> optax.GradientTransformationExtraArgs:
+                  inverse: str = "exact", ns_steps: int = 10,
+                  precision=_HI) -> optax.GradientTransformationExtraArgs:
     """Mesa/FOOF preconditioning of every Dense kernel's gradient: ``G ↦ M_T⁻¹ G`` (no
     learning rate, no sign; chain it with a base optimizer — :func:`mesa` does).
 
@@ -175,7 +177,12 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
 
     ``inverse``: ``"exact"`` (Cholesky solve) or ``"newton_schulz"`` with ``ns_steps``
     iterations (:func:`newton_schulz_inverse`, started from ``I/‖M‖_F`` every step; Table 8
-    compares 5, 10 and exact).
+    compares 5, 10 and exact). ``precision`` of the statistics and Newton–Schulz products:
+    HIGHEST (default) is true fp32; ``"default"`` lets GPUs use TF32 and TPUs bf16 passes.
+    Measured on one H200 (Table 9 model: d = 3072, 5 Dense layers, B = 64): a step took
+    22 ms with the exact solve; with 5 / 10 Newton–Schulz steps 71 / 136 ms at HIGHEST and
+    11 / 22 ms at ``"default"`` (TF32; 10 steps then reach 2e-4 relative error, 2e-6 at
+    HIGHEST) — the iteration only pays where the products run at reduced precision.
 
     Flax kernels ``K = Wᵀ: (d_in, d_out)``: the output is ``M_T⁻¹ ∇_K L`` (= ``(∇_W L M_T⁻¹)ᵀ``).
     ``update(updates, state, params=None, *, layer_inputs)`` (see the module docstring).
@@ -212,7 +219,7 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
         def precondition(name, g, _):
             d_in = g.shape[0]
             x = _inputs_for(inputs, name, d_in, "Mesa").astype(jnp.float32)
-            xtx = jnp.matmul(x.T, x, precision=_HI)                                 # X_T X_Tᵀ
+            xtx = jnp.matmul(x.T, x, precision=precision)                           # X_T X_Tᵀ
             eye = jnp.eye(d_in, dtype=jnp.float32)
             if variant == "cumulative":
                 psi = (gamma * state.gamma_acc / gamma_acc) * state.stats[name] \
@@ -226,7 +233,7 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
             if inverse == "exact":
                 out = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(M, lower=True), g32)
             else:
-                out = jnp.matmul(newton_schulz_inverse(M, ns_steps), g32, precision=_HI)
+                out = jnp.matmul(newton_schulz_inverse(M, ns_steps, precision=precision), g32, precision=precision)
             return out.astype(g.dtype)                                              # M_T⁻¹ ∇_K L
 
         treedef, leaves, new = _map_kernels(precondition, updates)
@@ -241,7 +248,7 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
 
 
 def mesa(learning_rate, *, lam: float = 0.01, gamma: float = 0.99, variant: str = "cumulative",
-         inverse: str = "exact", ns_steps: int = 10, base: str = "sgd",
+         inverse: str = "exact", ns_steps: int = 10, precision=_HI, base: str = "sgd",
          momentum: float = 0.0, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformationExtraArgs:
     """The Mesa optimizer: :func:`scale_by_mesa` then a base optimizer with learning rate η.
 
@@ -258,7 +265,8 @@ def mesa(learning_rate, *, lam: float = 0.01, gamma: float = 0.99, variant: str 
         tail = optax.sgd(learning_rate, momentum=momentum or None)
     else:
         tail = optax.adam(learning_rate, b1=momentum, b2=b2, eps=eps)
-    return optax.chain(scale_by_mesa(lam, gamma, variant=variant, inverse=inverse, ns_steps=ns_steps), tail)
+    return optax.chain(scale_by_mesa(lam, gamma, variant=variant, inverse=inverse, ns_steps=ns_steps,
+                                     precision=precision), tail)
 
 
 # ----------------------------------------------------------------------------- Delta-rule GD

@@ -16,7 +16,8 @@ class Linear(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        return nn.Dense(self.d_out, use_bias=self.use_bias, name="lin")(x)
+        # HIGHEST: GPUs would otherwise compute x K (and so the gradient) in TF32
+        return nn.Dense(self.d_out, use_bias=self.use_bias, precision=jax.lax.Precision.HIGHEST, name="lin")(x)
 
 
 def sum_squared(pred, y):
@@ -274,7 +275,7 @@ SMOKE = {
     "rmsprop": dict(learning_rate=1e-3),
     "muon": dict(learning_rate=0.02),
     "mesa": dict(learning_rate=0.1, lam=0.01, gamma=0.99),
-    "mesa_ns_adam": dict(learning_rate=3e-3, lam=0.01, gamma=0.9, inverse="newton_schulz", ns_steps=10,
+    "mesa_ns_adam": dict(learning_rate=3e-3, lam=0.01, gamma=0.9, inverse="newton_schulz", ns_steps=10, precision="default",
                          base="adam", momentum=0.85),
     "mesa_static": dict(learning_rate=0.1, lam=1.0, variant="static"),
     "delta": dict(learning_rate=0.1, lam=1e-3),
