@@ -1,0 +1,286 @@
+"""The growmem side of a continual run, free of PyTorch and Avalanche.
+
+:class:`GrowmemConfig` names the growmem recipe (a preset from ``policies/`` plus overrides) so
+it can be swapped without touching the runner; :class:`GrowmemLearner` holds one growmem
+``Trainer`` per task label and does what both the Avalanche strategy
+(:class:`growmem.continual.strategy.GrowmemStrategy`) and the fast native loop
+(:mod:`growmem.continual.fast`) need: check inputs, step on a numpy mini-batch, predict,
+count bytes, save and restore through the core ``Checkpointer``.
+
+**Task labels** (task-incremental streams): each task label gets its own growmem model — a
+readout per task (with ``n_blocks > 0`` its residual blocks are per task too). A sample is
+answered by the model of its task label; a task never trained answers zeros (class 0).
+Class- and domain-incremental streams carry one task label, hence one model.
+
+**Memory budget**: ``budget_bytes`` caps every model with a ``capacity(max_rows, on_full)``
+policy appended to each layer's chain, ``max_rows`` chosen so that the rows in use plus the
+model's other state fit the budget (split evenly over ``n_tasks``), and the initial capacity
+is set to ``max_rows + batch`` so the trainer never allocates beyond it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from .errors import InputShapeError, UnknownNameError
+
+#: the placeholder growmem recipe (policies/continual_growmem.toml): the weighted_softmax
+#: preset's readout, no residual blocks
+DEFAULT_PRESET = "continual_growmem"
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowmemConfig:
+    """A growmem recipe: a preset (name in ``policies/`` or a TOML path) plus overrides.
+
+    ``n_blocks``, ``batch_size``, ``epochs`` override the preset's; ``max_rows`` appends a
+    ``capacity(max_rows, on_full)`` policy to every layer (a budget does this too).
+    """
+
+    preset: str = DEFAULT_PRESET
+    n_blocks: Optional[int] = None
+    batch_size: Optional[int] = None
+    epochs: Optional[int] = None
+    max_rows: Optional[int] = None
+    on_full: str = "evict_oldest"
+
+    def load(self):
+        """The preset with the overrides applied (a ``growmem.config.Preset``)."""
+        from growmem import config
+
+        try:
+            preset = config.load(self.preset)
+        except config.ConfigError as e:
+            if "no such preset" in str(e):
+                names = [n for n, _, _ in config.available()]
+                raise UnknownNameError(f"unknown growmem preset {self.preset!r}; valid presets: {', '.join(names)} "
+                                       f"(or a path to a preset TOML file)") from None
+            raise
+        if self.n_blocks is not None:
+            preset = dataclasses.replace(preset, n_blocks=int(self.n_blocks))
+        if self.batch_size is not None or self.epochs is not None:
+            train = dict(preset.train)
+            if self.batch_size is not None:
+                train["batch_size"] = int(self.batch_size)
+            if self.epochs is not None:
+                train["epochs"] = float(self.epochs)
+            preset = dataclasses.replace(preset, train=tuple(sorted(train.items())))
+        if self.max_rows is not None:
+            preset = with_row_cap(preset, int(self.max_rows), self.on_full)
+        return preset
+
+    @property
+    def name(self) -> str:
+        from pathlib import Path
+        return Path(self.preset).stem
+
+    def describe(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
+    """``preset`` whose every layer also holds at most ``max_rows`` rows (capacity policy last
+    in the chain), with an initial capacity that never needs to grow past the cap."""
+    from growmem import policies
+
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    cap = policies.capacity(max_rows, on_full)
+
+    def capped(spec):
+        pol = cap if spec.policy is None else policies.chain(spec.policy, cap)
+        return dataclasses.replace(spec, policy=pol)
+
+    batch = int(preset.settings["batch_size"])
+    return dataclasses.replace(preset, block=capped(preset.block), readout=capped(preset.readout),
+                               capacity=max_rows + batch)
+
+
+def row_bytes(d_in: int, d_out: int, dtype=np.float32) -> int:
+    """Bytes of one stored row ``(w, k, ṽ, born)``: ``w``, ``k``, ``ṽ`` at ``dtype``, ``born`` int32."""
+    item = np.dtype(dtype).itemsize
+    return item * (1 + d_in + d_out) + np.dtype(np.int32).itemsize
+
+
+def bytes_per_row(preset, d_in: int, d_out: int) -> int:
+    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout)."""
+    return preset.n_blocks * row_bytes(d_in, d_in) + row_bytes(d_in, d_out)
+
+
+class GrowmemLearner:
+    """One growmem ``Trainer`` per task label, fed numpy mini-batches.
+
+    ``num_classes``: output size. ``input_size``: features per sample (inferred from the first
+    batch when None). ``budget_bytes``: see the module docstring. ``seed``: model init
+    (``jax.random.key(seed)``, folded with the task label).
+    """
+
+    def __init__(self, config: Optional[GrowmemConfig] = None, *, num_classes: int, input_size: Optional[int] = None,
+                 budget_bytes: Optional[int] = None, n_tasks: int = 1, seed: int = 0):
+        if isinstance(config, str):
+            config = GrowmemConfig(preset=config)
+        self.config = config or GrowmemConfig()
+        self.preset = self.config.load()
+        if int(num_classes) < 2:
+            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        self.num_classes = int(num_classes)
+        self.input_size = None if input_size is None else int(input_size)
+        self.input_shape = None
+        self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
+        self.n_tasks = max(1, int(n_tasks))
+        self.seed = int(seed)
+        self.trainers: Dict[str, Any] = {}
+        self.max_rows: Optional[int] = None
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def batch_size(self) -> int:
+        return int(self.preset.settings["batch_size"])
+
+    @property
+    def epochs(self) -> int:
+        return max(1, int(math.ceil(float(self.preset.settings["epochs"]))))
+
+    def describe(self) -> dict:
+        return {"config": self.config.describe(), "preset_path": self.preset.path, "n_blocks": self.preset.n_blocks,
+                "batch_size": self.batch_size, "epochs": self.epochs, "readout": repr(self.preset.readout),
+                "max_rows": self.max_rows, "budget_bytes": self.budget_bytes, "tasks": sorted(self.trainers)}
+
+    # ------------------------------------------------------------------ inputs
+    def as_inputs(self, x) -> np.ndarray:
+        """``x`` (any array of shape ``(B, *shape)``) as float32 ``(B, input_size)``, checked."""
+        x = np.asarray(x)
+        if x.ndim < 1 or len(x) == 0:
+            raise InputShapeError(f"expected a non-empty batch of inputs (B, ...), got shape {x.shape}")
+        shape = tuple(x.shape[1:])
+        n = int(np.prod(shape)) if shape else 1
+        if self.input_size is None:
+            self.input_size = n
+        if n != self.input_size:
+            want = self.input_shape if self.input_shape is not None else (self.input_size,)
+            raise InputShapeError(
+                f"the stream's inputs have shape {shape} ({n} features per sample) but the growmem model takes "
+                f"inputs of shape {tuple(want)} ({self.input_size} features): use a stream whose inputs fit, or a "
+                f"new strategy (input_size={n})")
+        if self.input_shape is None:
+            self.input_shape = shape
+        return np.ascontiguousarray(x.reshape(len(x), n), dtype=np.float32)
+
+    def check_labels(self, y) -> np.ndarray:
+        y = np.asarray(y).astype(np.int32).reshape(-1)
+        if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
+            bad = int(y.max()) if y.max() >= self.num_classes else int(y.min())
+            raise ValueError(f"label {bad} is outside the model's {self.num_classes} classes (num_classes="
+                             f"{self.num_classes}); pass num_classes >= {int(y.max()) + 1}")
+        return y
+
+    # ------------------------------------------------------------------ models
+    @staticmethod
+    def task_key(task) -> str:
+        return f"task{int(task)}"
+
+    def _cap_preset(self, d_in: int):
+        """The preset with the row cap the budget allows (or the preset itself)."""
+        if self.budget_bytes is None:
+            return self.preset
+        per_task = self.budget_bytes // self.n_tasks
+        per_row = bytes_per_row(self.preset, d_in, self.num_classes)
+        max_rows = per_task // per_row
+        if max_rows < 1:
+            raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) is below one row of "
+                             f"{per_row} B (d_in={d_in}, d_out={self.num_classes}); raise the budget")
+        for _ in range(3):  # subtract the model's other state (parameters, optimizer, policy), measured
+            preset = with_row_cap(self.preset, max_rows, self.config.on_full)
+            other = self._other_bytes(preset, d_in)
+            new = (per_task - other) // per_row
+            if new < 1:
+                raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
+                                 f"model's fixed state ({other} B) plus one row ({per_row} B); raise the budget")
+            if new == max_rows:
+                break
+            max_rows = new
+        self.max_rows = int(max_rows)
+        return with_row_cap(self.preset, max_rows, self.config.on_full)
+
+    def _other_bytes(self, preset, d_in: int) -> int:
+        from .memory_bytes import growmem_bytes
+        import jax
+
+        t = preset.trainer(np.zeros((1, d_in), np.float32), self.num_classes, rng=jax.random.key(0))
+        b = growmem_bytes({"probe": t})
+        return b["bytes_in_use"] - b["rows_in_use_bytes"]
+
+    def trainer_for(self, task: int, d_in: Optional[int] = None):
+        """The model of ``task`` (built on first use)."""
+        key = self.task_key(task)
+        if key not in self.trainers:
+            import jax
+
+            d_in = int(d_in or self.input_size)
+            preset = self._cap_preset(d_in)
+            rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
+            self.trainers[key] = preset.trainer(np.zeros((1, d_in), np.float32), self.num_classes, rng=rng)
+        return self.trainers[key]
+
+    # ------------------------------------------------------------------ train / predict
+    def step(self, x, y, t=None) -> dict:
+        """One growmem step per task label present in the batch (its samples, in batch order)."""
+        x = self.as_inputs(x)
+        y = self.check_labels(y)
+        tasks = np.zeros(len(x), np.int64) if t is None else np.asarray(t).reshape(-1)
+        out = {}
+        for task in np.unique(tasks):
+            idx = np.flatnonzero(tasks == task)
+            tr = self.trainer_for(int(task), x.shape[1])
+            sel = slice(None) if len(idx) == len(x) else idx
+            out[self.task_key(task)] = tr.step(x[sel], y[sel])
+        return out
+
+    def predict(self, x, t=None, batch_size: int = 1024) -> np.ndarray:
+        """Logits ``(B, num_classes)`` float32; samples of an untrained task get zeros."""
+        x = self.as_inputs(x)
+        tasks = np.zeros(len(x), np.int64) if t is None else np.asarray(t).reshape(-1)
+        out = np.zeros((len(x), self.num_classes), np.float32)
+        for task in np.unique(tasks):
+            key = self.task_key(task)
+            if key not in self.trainers:
+                continue
+            idx = np.flatnonzero(tasks == task)
+            sel = slice(None) if len(idx) == len(x) else idx
+            out[sel] = np.asarray(self.trainers[key].predict(x[sel], batch_size=batch_size), np.float32)
+        return out
+
+    def rows_in_use(self) -> Dict[str, int]:
+        return {f"{k}/{layer}": n for k, t in self.trainers.items() for layer, n in t.rows_in_use().items()}
+
+    def memory_bytes(self) -> dict:
+        from .memory_bytes import growmem_bytes
+        return growmem_bytes(self.trainers)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:
+        """Save every task model's state with the core ``Checkpointer`` (one checkpoint)."""
+        state = {k: t.state for k, t in self.trainers.items()}
+        extra = {**(extra or {}), "learner": {"tasks": sorted(self.trainers), "input_size": self.input_size,
+                                              "input_shape": list(self.input_shape or ()),
+                                              "max_rows": self.max_rows}}
+        return checkpointer.save(state if state else None, step, data_position=data_position, extra=extra,
+                                 config=config)
+
+    def restore(self, checkpointer, step: Optional[int] = None, *, config=None):
+        """Restore the models saved by :meth:`save` (builds them first); returns ``Restored``."""
+        meta = checkpointer.read_meta(step)
+        info = (meta.get("extra") or {}).get("learner", {})
+        if info.get("input_size") is not None:
+            self.input_size = int(info["input_size"])
+            self.input_shape = tuple(info.get("input_shape") or (self.input_size,))
+        for key in info.get("tasks", []):
+            self.trainer_for(int(key[len("task"):]), self.input_size)
+        template = {k: t.state for k, t in self.trainers.items()} or None
+        r = checkpointer.restore(template, step, config=config)
+        for k, t in self.trainers.items():
+            t.set_state(r.state[k])
+        return r

@@ -1,0 +1,198 @@
+"""Memory in bytes, every method counted the same way: the arrays a method holds to keep
+learning, at the dtype it holds them.
+
+**growmem** (:func:`growmem_bytes`): every growing layer's rows ``(w, k, ṽ, born)`` at their
+stored dtypes — ``rows_in_use_bytes`` counts the rows in use (``size``), ``rows_allocated_bytes``
+the whole preallocated capacity (padding included) — plus the parameters, the optimizer state,
+the policy states, the hybrid optimizer states (their per-row moments follow the same in-use /
+allocated split), the frozen variables and every memory's two scalars (``size``, ``t``).
+``bytes_in_use`` = rows in use + the rest; ``bytes_allocated`` = capacity + the rest.
+
+**PyTorch strategies** (:func:`torch_strategy_bytes`): the model's parameters and buffers, the
+optimizer state (SGD momentum buffers), and what each continual-learning method stores:
+
+* replay (``ReplayPlugin``) and GDumb (``GDumbPlugin``): the samples in the buffer, each at the
+  bytes of the tensors its dataset yields (inputs as float32 tensors, the class and task
+  labels as int64 — the dtypes the data loader hands the model), plus GDumb's copy of the
+  initial model;
+* EWC (``EWCPlugin``): the saved parameters and the importances (Fisher diagonals) of every
+  experience kept;
+* LwF (``LwFPlugin``): the previous model (parameters and buffers);
+* Cumulative: every sample of every experience seen (its cumulative dataset);
+* Joint: every sample of the stream.
+
+Buffers hold indices into the stream's datasets in Avalanche, but a learner deployed on a stream
+must keep the samples themselves, so they are counted as samples. For the PyTorch strategies
+``bytes_in_use == bytes_allocated`` (no preallocated padding).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import numpy as np
+
+
+def _nbytes(tree) -> int:
+    """Bytes of every array leaf of a pytree (jax or numpy arrays; PRNG keys by their data)."""
+    import jax
+
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(tree):
+        if hasattr(leaf, "dtype") and hasattr(leaf, "shape"):
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                leaf = jax.random.key_data(leaf)
+            total += int(np.prod(leaf.shape, dtype=np.int64)) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+def growmem_bytes(trainers: Dict[str, Any]) -> Dict[str, int]:
+    """Bytes of growmem ``Trainer``s (``{name: trainer}``); see the module docstring."""
+    import jax
+    from flax.traverse_util import flatten_dict
+
+    from growmem.train import layer_key
+
+    out = dict(rows_in_use=0, rows_allocated=0, rows_in_use_bytes=0, rows_allocated_bytes=0, params_bytes=0,
+               optimizer_bytes=0, policy_bytes=0, hybrid_in_use_bytes=0, hybrid_allocated_bytes=0, other_bytes=0)
+    for trainer in trainers.values():
+        state = trainer.state
+        mems = trainer.memories()
+        for path, mem in mems.items():
+            per_row = sum(np.dtype(getattr(mem, f).dtype).itemsize * int(np.prod(getattr(mem, f).shape[1:]))
+                          for f in ("w", "k", "v", "born"))
+            n, cap = int(mem.size), mem.capacity
+            out["rows_in_use"] += n
+            out["rows_allocated"] += cap
+            out["rows_in_use_bytes"] += n * per_row
+            out["rows_allocated_bytes"] += cap * per_row
+            out["other_bytes"] += _nbytes((mem.size, mem.t))
+        out["params_bytes"] += _nbytes(state.params)
+        out["optimizer_bytes"] += _nbytes(state.opt_state)
+        out["policy_bytes"] += _nbytes(state.policy_state)
+        caps = {layer_key(p): (int(m.size), m.capacity) for p, m in mems.items()}
+        for key, hstate in (state.hybrid_state or {}).items():
+            n, cap = caps.get(key, (0, -1))
+            for leaf in jax.tree_util.tree_leaves(hstate):
+                b = _nbytes(leaf)
+                if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == cap:  # per-row moments
+                    out["hybrid_in_use_bytes"] += b * n // cap
+                    out["hybrid_allocated_bytes"] += b
+                else:
+                    out["hybrid_in_use_bytes"] += b
+                    out["hybrid_allocated_bytes"] += b
+        # the frozen collections (e.g. W0 of linear layers), everything but the memories
+        flat = flatten_dict(dict(state.collections), sep="/")
+        out["other_bytes"] += sum(_nbytes(v) for k, v in flat.items() if not k.startswith("memory/"))
+        out["other_bytes"] += _nbytes(state.step)
+    rest = out["params_bytes"] + out["optimizer_bytes"] + out["policy_bytes"] + out["other_bytes"]
+    out["bytes_in_use"] = out["rows_in_use_bytes"] + out["hybrid_in_use_bytes"] + rest
+    out["bytes_allocated"] = out["rows_allocated_bytes"] + out["hybrid_allocated_bytes"] + rest
+    return out
+
+
+# ----------------------------------------------------------------------------- PyTorch
+
+def _tensor_bytes(t) -> int:
+    return int(t.numel()) * int(t.element_size())
+
+
+def module_bytes(module) -> int:
+    """Parameters and buffers of a ``torch.nn.Module`` (each tensor once)."""
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += _tensor_bytes(t)
+    return total
+
+
+def optimizer_bytes(optimizer) -> int:
+    """Tensors of a ``torch.optim.Optimizer``'s state (e.g. SGD momentum buffers)."""
+    import torch
+
+    if optimizer is None:
+        return 0
+    total = 0
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                total += _tensor_bytes(v)
+    return total
+
+
+def _item_bytes(x) -> int:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return _tensor_bytes(x)
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, (bool, int, float, np.integer, np.floating)):
+        return 8  # collated to an int64 / float64 tensor
+    if isinstance(x, (list, tuple)):
+        return sum(_item_bytes(v) for v in x)
+    raise TypeError(f"cannot count the bytes of a sample element of type {type(x).__name__}")
+
+
+def sample_bytes(dataset) -> int:
+    """Bytes of one sample as the dataset yields it (all samples of a dataset share a shape)."""
+    if len(dataset) == 0:
+        return 0
+    return _item_bytes(dataset[0])
+
+
+def dataset_bytes(dataset) -> int:
+    """``len(dataset) ×`` :func:`sample_bytes` (0 for an empty or missing dataset)."""
+    if dataset is None or len(dataset) == 0:
+        return 0
+    return len(dataset) * sample_bytes(dataset)
+
+
+def _param_data_bytes(d) -> int:
+    total = 0
+    for per_exp in d.values():
+        for pd in per_exp.values():
+            data = getattr(pd, "data", pd)
+            total += _tensor_bytes(data)
+    return total
+
+
+def torch_strategy_bytes(strategy) -> Dict[str, int]:
+    """Bytes of an Avalanche PyTorch strategy; see the module docstring."""
+    from avalanche.training.plugins import EWCPlugin, GDumbPlugin, LwFPlugin, ReplayPlugin
+
+    parts = {"params_bytes": module_bytes(strategy.model), "optimizer_bytes": optimizer_bytes(
+        getattr(strategy, "optimizer", None)), "buffer_bytes": 0, "buffer_samples": 0, "regularizer_bytes": 0}
+    for p in strategy.plugins:
+        if isinstance(p, (ReplayPlugin, GDumbPlugin)):
+            buf = p.storage_policy.buffer
+            parts["buffer_bytes"] += dataset_bytes(buf)
+            parts["buffer_samples"] += len(buf)
+            if isinstance(p, GDumbPlugin) and p.init_model is not None:
+                parts["regularizer_bytes"] += module_bytes(p.init_model)
+        elif isinstance(p, EWCPlugin):
+            parts["regularizer_bytes"] += _param_data_bytes(p.saved_params) + _param_data_bytes(p.importances)
+        elif isinstance(p, LwFPlugin):
+            prev = p.lwf.prev_model
+            if prev is not None:
+                parts["regularizer_bytes"] += module_bytes(prev)
+    from avalanche.training.supervised import Cumulative, JointTraining
+
+    if isinstance(strategy, Cumulative):
+        ds = getattr(strategy, "dataset", None)
+        parts["buffer_bytes"] += dataset_bytes(ds)
+        parts["buffer_samples"] += 0 if ds is None else len(ds)
+    elif isinstance(strategy, JointTraining):
+        for exp in getattr(strategy, "_experiences", []) or []:
+            parts["buffer_bytes"] += dataset_bytes(exp.dataset)
+            parts["buffer_samples"] += len(exp.dataset)
+    total = parts["params_bytes"] + parts["optimizer_bytes"] + parts["buffer_bytes"] + parts["regularizer_bytes"]
+    return {**parts, "bytes_in_use": total, "bytes_allocated": total}
+
+
+def strategy_bytes(strategy) -> Dict[str, int]:
+    """Bytes of a growmem strategy (its learner) or of any Avalanche PyTorch strategy."""
+    learner = getattr(strategy, "learner", None)
+    if learner is not None:
+        return learner.memory_bytes()
+    return torch_strategy_bytes(strategy)
