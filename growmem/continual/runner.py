@@ -1,0 +1,469 @@
+"""``run_continual``: growmem and Avalanche's baselines on one stream, same data, same seeds.
+
+For every seed the stream is built once (its class order / permutations / teachers follow the
+seed) and every method trains on it, experience after experience, and is evaluated on the
+whole test stream after each experience (the accuracy matrix). Methods:
+
+* ``growmem`` — a :class:`~growmem.continual.learner.GrowmemLearner` with the ``growmem``
+  config (a preset; the placeholder ``continual_growmem`` by default), driven by the fast
+  native loop (``growmem_loop="fast"``) or by :class:`GrowmemStrategy` inside Avalanche's
+  template (``"template"``); ``growmem:<preset>`` — the same with another preset (e.g.
+  ``growmem:continual_decay``);
+* Avalanche's baselines (:mod:`growmem.continual.baselines`): ``naive``, ``ewc``, ``lwf``,
+  ``gdumb``, ``replay_<N>``, ``cumulative``, ``joint``.
+
+**Checkpoints and resume** (``checkpoint_dir``): ``run.json`` holds the run's configuration
+(a resume with another configuration is refused, naming what differs); each (method, seed)
+has a folder with ``result.json`` once it is done. growmem saves its models with the core
+``Checkpointer`` every ``checkpoint_every`` batches and after every experience, with the
+data position ``(experience, epoch, batch)`` and the results so far, so ``resume=True`` picks
+up at the batch the checkpoint reached (the data order is a function of the seed, the
+experience and the epoch). Baselines save their state after every experience and restart an
+interrupted experience from it (:mod:`growmem.continual.baselines`). A resumed run ends with
+the same accuracies, forgetting, BWT and bytes as an uninterrupted one (timings differ).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import UnknownNameError, require_avalanche, unknown
+
+require_avalanche()
+
+import torch  # noqa: E402
+from avalanche.core import SupervisedPlugin  # noqa: E402
+from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
+
+from . import baselines as B  # noqa: E402
+from .fast import FastLoop  # noqa: E402
+from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
+from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, make_evaluator, memory_metric, stream_accuracy,  # noqa: E402
+                      summarize)
+from .report import aggregate, plot, table  # noqa: E402
+from .streams import STREAMS, Stream, make_stream  # noqa: E402
+from .strategy import GrowmemStrategy  # noqa: E402
+
+GROWMEM = "growmem"
+#: growmem variants run by default on the drifting stream: no forgetting / weight decay / a window
+DRIFT_GROWMEM = ("growmem", "growmem:continual_decay", "growmem:continual_window")
+DEFAULT_BASELINES = ("naive", "replay_1000")
+LOOPS = ("fast", "template")
+RESULT_FILE = "result.json"
+RUN_FILE = "run.json"
+
+
+# ----------------------------------------------------------------------------- methods
+
+def is_growmem(method: str) -> bool:
+    return method == GROWMEM or method.startswith(GROWMEM + ":")
+
+
+def growmem_config(method: str, base: GrowmemConfig) -> GrowmemConfig:
+    """The config of ``growmem`` (``base``) or ``growmem:<preset>`` (``base`` with that preset)."""
+    if method == GROWMEM:
+        return base
+    return dataclasses.replace(base, preset=method.split(":", 1)[1])
+
+
+def valid_methods() -> List[str]:
+    return [GROWMEM, "growmem:<preset>", *B.BASELINES, "replay_<N>"]
+
+
+def check_methods(methods: Sequence[str], base: GrowmemConfig) -> List[str]:
+    out = []
+    for m in methods:
+        m = str(m).strip()
+        if not m:
+            continue
+        if is_growmem(m):
+            growmem_config(m, base).load()  # an unknown preset fails here, listing the valid ones
+        elif not B.is_baseline(m):
+            raise unknown("method", m, valid_methods())
+        if m in out:
+            raise ValueError(f"method {m!r} is listed twice")
+        out.append(m)
+    if not out:
+        raise ValueError(f"no methods to run; choose from {', '.join(valid_methods())}")
+    return out
+
+
+def default_methods(stream_name: str) -> List[str]:
+    gm = list(DRIFT_GROWMEM) if stream_name == "drifting_teacher" else [GROWMEM]
+    return gm + list(DEFAULT_BASELINES)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-." else "_" for c in name)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _jsonable(x):
+    from growmem.reporting import _jsonable as j
+    return j(x)
+
+
+def _write_json(path: Path, doc):
+    from growmem.reporting import write_json
+    return write_json(path, doc)
+
+
+def _diff(saved, now, prefix="") -> List[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for k in sorted(set(saved) | set(now)):
+            out += _diff(saved.get(k), now.get(k), f"{prefix}{k}.")
+        return out
+    return [] if saved == now else [f"{prefix.rstrip('.')}: saved {saved!r}, now {now!r}"]
+
+
+def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool) -> Optional[Path]:
+    if checkpoint_dir is None:
+        if resume:
+            raise ValueError("resume=True needs a checkpoint_dir (--checkpoint-dir DIR)")
+        return None
+    root = Path(checkpoint_dir)
+    run_file = root / RUN_FILE
+    if run_file.exists():
+        saved = json.loads(run_file.read_text()).get("config", {})
+        if not resume:
+            raise ValueError(f"{root} already holds a continual run; pass resume=True (--resume) to continue it, or "
+                             f"use another checkpoint directory")
+        diffs = _diff(saved, _jsonable(config))
+        if diffs:
+            raise ValueError(f"{root} holds a run with a different configuration; it cannot be resumed with this "
+                             f"one: " + "; ".join(diffs))
+    else:
+        root.mkdir(parents=True, exist_ok=True)
+        _write_json(run_file, {"config": config})
+    return root
+
+
+# ----------------------------------------------------------------------------- progress
+
+class _Progress(SupervisedPlugin):
+    """Per-iteration progress for strategies inside Avalanche's template (bar + callback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bar = None
+        self.on_batch = None
+        self._epoch = 0
+        self._batch = 0
+
+    def before_training_epoch(self, strategy, **kwargs):
+        if self.bar is not None and self.bar.total is None:
+            self.bar.total = len(strategy.dataloader) * strategy.train_epochs
+            self.bar.refresh()
+        self._batch = 0
+
+    def after_training_iteration(self, strategy, **kwargs):
+        self._batch += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.on_batch is not None:
+            self.on_batch({"epoch": strategy.clock.train_exp_epochs, "batch": self._batch})
+
+
+def _bar(desc: str, total, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True, leave=False,
+                file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- one run
+
+def _new_results() -> dict:
+    return {"accuracy_matrix": [], "acc_stream_weighted_after": [], "bytes": [], "train_seconds": [],
+            "eval_seconds": [], "prequential_acc": []}
+
+
+def _record(results: dict, metrics: dict, n_exp: int, bytes_rec: dict, train_s: float, eval_s: float):
+    results["accuracy_matrix"].append(accuracy_row(metrics, n_exp))
+    results["acc_stream_weighted_after"].append(stream_accuracy(metrics))
+    results["bytes"].append(bytes_rec)
+    results["train_seconds"].append(train_s)
+    results["eval_seconds"].append(eval_s)
+    pre = [float(v) for k, v in metrics.items() if k.startswith(TRAIN_EPOCH_ACC)]
+    results["prequential_acc"].append(pre[-1] if pre else None)
+
+
+def _finish(results: dict, *, stream: Stream, method: str, seed: int, kind: str, config: dict, budget,
+            square: bool = True, resumed: bool = False) -> dict:
+    s = summarize(results["accuracy_matrix"], results["acc_stream_weighted_after"][-1], square=square)
+    b = results["bytes"]
+    s.update(bytes_in_use_peak=max(r["peak_in_use"] for r in b), bytes_in_use_final=b[-1]["final_in_use"],
+             bytes_allocated_peak=max(r["peak_allocated"] for r in b), bytes_allocated_final=b[-1]["final_allocated"],
+             train_seconds=float(sum(results["train_seconds"])), eval_seconds=float(sum(results["eval_seconds"])))
+    pre = [p for p in results["prequential_acc"] if p is not None]
+    s["prequential_acc_mean"] = float(np.mean(pre)) if pre else None
+    s["within_budget"] = None if budget is None else bool(s["bytes_in_use_peak"] <= budget)
+    return {"stream": stream.name, "method": method, "seed": seed, "kind": kind, "config": config,
+            "n_experiences": stream.n_experiences, **results, "summary": s, "resumed": resumed}
+
+
+def _timer():
+    t = ElapsedTime()
+    t.update()
+    return t
+
+
+def _elapsed(t) -> float:
+    t.update()
+    return float(t.result())
+
+
+def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
+                 loop: str, checkpoint_every: int, eval_mb_size: int, progress: bool, loggers, on_batch,
+                 prequential: bool) -> dict:
+    from growmem.storage.checkpoint import Checkpointer
+
+    learner = GrowmemLearner(cfg, num_classes=stream.n_classes, input_size=stream.input_size, budget_bytes=budget,
+                             n_tasks=len(stream.task_labels), seed=seed)
+    learner.input_shape = tuple(stream.input_shape)
+    n_epochs = int(epochs) if epochs is not None else learner.epochs
+    config = {"growmem": cfg.describe(), "epochs": n_epochs, "batch_size": learner.batch_size, "loop": loop,
+              "budget_bytes": budget}
+    results, pos, partial, counter = _new_results(), None, None, 0
+    ck = Checkpointer(run_dir / "ckpt", keep=2) if run_dir is not None else None
+    resumed = False
+    if ck is not None and resume and ck.latest_step() is not None:
+        r = learner.restore(ck, config=config)
+        counter, pos = r.step, r.data_position
+        results, partial = r.extra["results"], r.extra.get("bytes_current")
+        resumed = True
+    shuffle = bool(stream.train_kwargs.get("shuffle", True))
+    if loop == "fast":
+        driver = FastLoop(learner, train_mb_size=learner.batch_size, train_epochs=n_epochs, eval_mb_size=eval_mb_size,
+                          seed=seed, train_outputs=prequential)
+        driver.bytes.records = list(results["bytes"])
+        strategy = None
+    else:
+        strategy = GrowmemStrategy(learner=learner, num_classes=stream.n_classes, train_mb_size=learner.batch_size,
+                                   train_epochs=n_epochs, eval_mb_size=eval_mb_size, seed=seed,
+                                   train_outputs=prequential, evaluator=make_evaluator(loggers))
+        memory_metric(strategy.evaluator).recorder.records = list(results["bytes"])
+    start = 0 if pos is None else (pos["exp"] + 1 if pos["done"] else pos["exp"])
+    n_exp = stream.n_experiences
+
+    def save(position, current):
+        nonlocal counter
+        counter += 1
+        learner.save(ck, counter, data_position=position, config=config,
+                     extra={"results": results, "bytes_current": current})
+
+    for e in range(start, n_exp):
+        exp = stream.train_stream[e]
+        here = pos if (pos is not None and not pos["done"] and pos["exp"] == e) else None
+        nb = -(-len(exp.dataset) // learner.batch_size)
+        done = 0 if here is None else here["epoch"] * nb + here["batch"]
+        bar = _bar(f"{method} seed {seed} exp {e + 1}/{n_exp}", nb * n_epochs, done, progress)
+        since = [0]
+
+        def after_batch(p, current_bytes):
+            if bar is not None:
+                bar.update(1)
+            since[0] += 1
+            if ck is not None and checkpoint_every and since[0] >= checkpoint_every:
+                since[0] = 0
+                save({"exp": e, "epoch": p["epoch"], "batch": p["batch"], "done": False}, current_bytes())
+            if on_batch is not None:
+                on_batch({"method": method, "seed": seed, "experience": e, "epoch": p["epoch"], "batch": p["batch"]})
+
+        t = _timer()
+        if loop == "fast":
+            train_metrics = driver.train(exp, shuffle=shuffle, resume=here, bytes_resume=partial if here else None,
+                                         hook=lambda p: after_batch(p, lambda: driver.bytes.current))
+            bytes_rec = driver.last_bytes
+        else:
+            mm = memory_metric(strategy.evaluator)
+            strategy.resume_position = None if here is None else {"unit": e, "epoch": here["epoch"],
+                                                                  "batch": here["batch"]}
+            mm.pending_resume = partial if here else None
+            strategy.checkpoint_hook = lambda s, p: after_batch(p, lambda: mm.recorder.current)
+            train_metrics = strategy.train(exp, **stream.train_kwargs)
+            bytes_rec = mm.records[-1]
+        train_s = _elapsed(t)
+        if bar is not None:
+            bar.close()
+        t = _timer()
+        metrics = driver.eval(stream.test_stream) if loop == "fast" else strategy.eval(stream.test_stream)
+        metrics = {**train_metrics, **metrics}
+        _record(results, metrics, n_exp, bytes_rec, train_s, _elapsed(t))
+        partial = None
+        if ck is not None:
+            save({"exp": e, "epoch": n_epochs, "batch": 0, "done": True}, None)
+    if ck is not None:
+        ck.close()
+    config.update(learner=learner.describe())
+    return _finish(results, stream=stream, method=method, seed=seed, kind="growmem", config=config, budget=budget,
+                   resumed=resumed)
+
+
+def _run_baseline(stream: Stream, method: str, seed: int, *, budget, epochs, run_dir, resume, settings,
+                  progress: bool, loggers, on_batch) -> dict:
+    prog = _Progress()
+    strategy = B.make_baseline(method, stream, seed=seed, evaluator=make_evaluator(loggers), epochs=epochs,
+                               settings=settings, plugins=[prog])
+    mm = memory_metric(strategy.evaluator)
+    config = B.describe(method, stream, epochs, settings)
+    results, start, resumed = _new_results(), 0, False
+    state_path = None if run_dir is None else run_dir / "state.pkl"
+    if resume and state_path is not None and state_path.exists():
+        extra = B.load_state(strategy, state_path, stream.benchmark)
+        results, start, resumed = extra["results"], extra["exp"] + 1, True
+        mm.recorder.records = list(results["bytes"])
+    n_exp = stream.n_experiences
+    joint = method == "joint"
+    units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
+    if joint and start > 0:
+        units = []
+    for e, unit in units:
+        label = "all" if joint else f"{e + 1}/{n_exp}"
+        prog.bar = _bar(f"{method} seed {seed} exp {label}", None, 0, progress)
+        if on_batch is not None:
+            prog.on_batch = lambda p, e=e: on_batch({"method": method, "seed": seed, "experience": e, **p})
+        torch.manual_seed(B.experience_seed(seed, 0 if joint else e))
+        t = _timer()
+        train_metrics = strategy.train(unit, **stream.train_kwargs)
+        train_s = _elapsed(t)
+        if prog.bar is not None:
+            prog.bar.close()
+        t = _timer()
+        metrics = {**train_metrics, **strategy.eval(stream.test_stream)}
+        _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t))
+        if state_path is not None and not joint:
+            B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
+    return _finish(results, stream=stream, method=method, seed=seed, kind="baseline", config=config, budget=budget,
+                   square=not joint, resumed=resumed)
+
+
+# ----------------------------------------------------------------------------- the runner
+
+def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optional[Sequence[str]] = None,
+                  seeds: Sequence[int] = (0,), budget_bytes: Union[int, str, None] = None, online: bool = False,
+                  checkpoint_dir=None, resume: bool = False, *, growmem: Union[GrowmemConfig, str, None] = None,
+                  stream_options: Optional[dict] = None, data_dir=None, download: bool = False,
+                  epochs: Union[int, Dict[str, int], None] = None, growmem_loop: str = "fast",
+                  checkpoint_every: int = 500, out=None, progress: bool = True, loggers=None,
+                  on_batch: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
+                  eval_mb_size: int = 256, threads: Optional[int] = None, prequential: Optional[bool] = None,
+                  verbose: bool = True, name: str = "continual") -> dict:
+    """Run growmem and Avalanche baselines on one stream; returns (and with ``out`` writes
+    ``<out>/<name>.json`` + PNGs) ``{"config", "stream", "runs", "summary"}``.
+
+    ``stream``: a name (``drifting_teacher``, ``split_mnist``, ...; see ``STREAMS``) or any
+    Avalanche benchmark object. ``methods``: ``growmem``, ``growmem:<preset>`` and baseline
+    names (default: growmem (+ its decay and window variants on the drifting stream), naive,
+    replay_1000). ``seeds``: one run per seed and method. ``budget_bytes``: caps growmem's
+    memory (int or a size such as ``"15.7MB"``, binary units as ``growmem train --ram-budget``);
+    every method's peak bytes are checked against it (``within_budget``). ``online``: one pass
+    over each experience for every method. ``checkpoint_dir`` / ``resume``: see the module
+    docstring. ``growmem``: the growmem config or preset name (default ``continual_growmem``).
+    ``stream_options``: ``make_stream`` options (``n_experiences``, ``train_limit``, ...).
+    ``epochs``: epochs per experience, for every method (int) or per method (dict); default:
+    growmem's preset (1), baselines 2 on Split-MNIST and 1 elsewhere. ``growmem_loop``:
+    ``fast`` (native loop) or ``template`` (:class:`GrowmemStrategy` in Avalanche's template).
+    ``on_batch(info)`` is called after every training batch. ``threads``: ``torch.set_num_threads``.
+    ``prequential``: record each batch's accuracy before training on it (default: on the
+    drifting stream).
+    """
+    if growmem_loop not in LOOPS:
+        raise unknown("growmem loop", growmem_loop, LOOPS)
+    if isinstance(budget_bytes, str):
+        from growmem.storage.commands import parse_size
+        budget_bytes = parse_size(budget_bytes)
+    if budget_bytes is not None and int(budget_bytes) <= 0:
+        raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+    seeds = [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+    if isinstance(stream, str) and stream not in STREAMS:
+        raise unknown("stream", stream, STREAMS)
+    stream_name = stream if isinstance(stream, str) else "user"
+    base = growmem if isinstance(growmem, GrowmemConfig) else GrowmemConfig(preset=growmem) if growmem \
+        else GrowmemConfig()
+    methods = check_methods(methods if methods is not None else default_methods(stream_name), base)
+    if isinstance(epochs, dict):
+        bad = set(epochs) - set(methods)
+        if bad:
+            raise ValueError(f"epochs given for methods not in the run: {sorted(bad)}; methods: {methods}")
+    if prequential is None:
+        prequential = stream_name == "drifting_teacher"
+    if threads:
+        torch.set_num_threads(int(threads))
+    stream_options = dict(stream_options or {})
+    config = {"stream": stream_name, "stream_options": stream_options, "methods": methods, "seeds": seeds,
+              "budget_bytes": None if budget_bytes is None else int(budget_bytes), "online": bool(online),
+              "epochs": epochs, "growmem": base.describe(), "growmem_loop": growmem_loop,
+              "baseline_settings": {**B.SETTINGS, **(baseline_settings or {})}, "eval_mb_size": eval_mb_size,
+              "prequential": bool(prequential), "data": "download" if download else "local"}
+    root = _prepare_checkpoints(checkpoint_dir, config, resume)
+
+    def method_epochs(m):
+        if online:
+            return 1
+        if isinstance(epochs, dict):
+            return epochs.get(m)
+        return epochs
+
+    t0 = time.perf_counter()
+    runs, stream_info = [], None
+    for seed in seeds:
+        st = make_stream(stream, seed=seed, data_dir=data_dir, download=download, **stream_options) \
+            if isinstance(stream, str) else make_stream(stream)
+        if stream_info is None:
+            stream_info = {"name": st.name, "n_experiences": st.n_experiences, "n_classes": st.n_classes,
+                           "input_shape": list(st.input_shape), "task_labels": list(st.task_labels),
+                           "scenario": st.scenario, "info": st.info,
+                           "train_sizes": [len(e.dataset) for e in st.train_stream],
+                           "test_sizes": [len(e.dataset) for e in st.test_stream]}
+        for m in methods:
+            run_dir = None if root is None else root / _safe(m) / f"seed{seed}"
+            if run_dir is not None and resume and (run_dir / RESULT_FILE).exists():
+                runs.append(json.loads((run_dir / RESULT_FILE).read_text()))
+                if verbose:
+                    print(f"{m} seed {seed}: already done in {run_dir}", file=sys.stderr)
+                continue
+            if run_dir is not None:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            common = dict(budget=config["budget_bytes"], epochs=method_epochs(m), run_dir=run_dir, resume=resume,
+                          progress=progress, loggers=loggers, on_batch=on_batch)
+            if is_growmem(m):
+                res = _run_growmem(st, m, growmem_config(m, base), seed, loop=growmem_loop,
+                                   checkpoint_every=checkpoint_every, eval_mb_size=eval_mb_size,
+                                   prequential=prequential, **common)
+            else:
+                res = _run_baseline(st, m, seed, settings=baseline_settings, **common)
+            res = _jsonable(res)
+            if run_dir is not None:
+                _write_json(run_dir / RESULT_FILE, res)
+            runs.append(res)
+            if verbose:
+                s = res["summary"]
+                print(f"{m} seed {seed}: acc_mean_over_experiences {s['acc_mean_over_experiences']:.4f}, "
+                      f"acc_stream_weighted {s['acc_stream_weighted']:.4f}, peak bytes in use "
+                      f"{s['bytes_in_use_peak']}", file=sys.stderr)
+    summary = aggregate(runs)
+    doc = {"name": name, "config": config, "stream": stream_info, "budget_bytes": config["budget_bytes"],
+           "runs": runs, "summary": summary, "seconds": time.perf_counter() - t0}
+    if out is not None:
+        out = Path(out)
+        doc["files"] = [str(out / f"{name}.json")] + [str(p) for p in plot(doc, out, name)]
+        _write_json(out / f"{name}.json", doc)
+    if verbose:
+        print(table(summary, drift=stream_name == "drifting_teacher"))
+        if out is not None:
+            print("wrote " + ", ".join(doc["files"]))
+    return doc

@@ -1,0 +1,333 @@
+"""growmem.continual: the Avalanche strategy and its metrics, the fast loop, bytes, task labels,
+online streams, and the errors on bad input. Tiny generated streams; seconds each."""
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("GROWMEM_DATA", str(ROOT.parent / "shared" / "data"))
+
+import torch  # noqa: E402
+from avalanche.benchmarks import tensors_benchmark  # noqa: E402
+from avalanche.evaluation.metrics import accuracy_metrics, bwt_metrics, forgetting_metrics  # noqa: E402
+from avalanche.logging import TextLogger  # noqa: E402
+from avalanche.logging.base_logger import BaseLogger  # noqa: E402
+from avalanche.training.plugins import EvaluationPlugin  # noqa: E402
+
+from growmem.continual import errors  # noqa: E402
+from growmem.continual.drifting import DriftingTeacher  # noqa: E402
+from growmem.continual.learner import GrowmemConfig, GrowmemLearner  # noqa: E402
+from growmem.continual.metrics import forgetting_and_bwt, summarize  # noqa: E402
+from growmem.continual.runner import run_continual  # noqa: E402
+from growmem.continual.streams import make_stream  # noqa: E402
+from growmem.continual.strategy import GrowmemStrategy  # noqa: E402
+
+torch.set_num_threads(1)
+TINY = dict(n_experiences=3, train_limit=96, test_limit=64)
+
+
+class Recorder(BaseLogger):
+    """An Avalanche logger that keeps every value it is given, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def log_single_metric(self, name, value, x_plot):
+        self.values.append((name, value))
+
+    def last(self, name):
+        return [v for n, v in self.values if n == name][-1]
+
+
+def _tiny_drift(**kw):
+    return make_stream("drifting_teacher", seed=kw.pop("seed", 3), **{**TINY, **kw})
+
+
+def _class_benchmark(task_labels=(0, 0), n=80, d=6, seed=0):
+    """Two experiences of two classes each (class-incremental), or task-incremental."""
+    rs = np.random.RandomState(seed)
+    centers = rs.randn(4, d) * 3
+
+    def exp(classes, m):
+        y = rs.choice(classes, m)
+        x = centers[y] + rs.randn(m, d)
+        return [torch.tensor(x, dtype=torch.float32), torch.tensor(y)]
+
+    train = [exp([0, 1], n), exp([2, 3], n)]
+    test = [exp([0, 1], n // 2), exp([2, 3], n // 2)]
+    return tensors_benchmark(train, test, task_labels=list(task_labels)), train, test
+
+
+# ----------------------------------------------------------------------------- the strategy in Avalanche
+
+def test_strategy_inside_evaluation_plugin_logs_accuracies_equal_to_an_independent_count():
+    st = _tiny_drift()
+    rec, text = Recorder(), io.StringIO()
+    ev = EvaluationPlugin(accuracy_metrics(experience=True, stream=True, epoch=True),
+                          forgetting_metrics(experience=True, stream=True), bwt_metrics(stream=True),
+                          loggers=[rec, TextLogger(text)])
+    strategy = GrowmemStrategy(num_classes=st.n_classes, evaluator=ev, seed=1, eval_mb_size=64)
+    # the same stream, regenerated as plain numpy arrays: the independent reference
+    _, test = DriftingTeacher(seed=3, n_experiences=3, samples_per_experience=96, test_samples=64).arrays()
+    matrix = []
+    for i, exp in enumerate(st.train_stream):
+        strategy.train(exp, shuffle=False)
+        strategy.eval(st.test_stream)
+        row, correct, total = [], 0, 0
+        for j, (x, y) in enumerate(test):
+            pred = strategy.learner.predict(x).argmax(-1)
+            row.append(float(np.mean(pred == y)))
+            correct, total = correct + int(np.sum(pred == y)), total + len(y)
+            logged = rec.last(f"Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp{j:03d}")
+            assert logged == pytest.approx(row[-1], abs=1e-12), (i, j)
+        assert rec.last("Top1_Acc_Stream/eval_phase/test_stream/Task000") == pytest.approx(correct / total, abs=1e-12)
+        matrix.append(row)
+    # Avalanche's plugin forgetting / BWT equal our summary of the matrix and the hand formula
+    f_hand = np.mean([matrix[j][j] - matrix[-1][j] for j in range(2)])
+    s = summarize(matrix, correct / total)
+    assert s["forgetting"] == pytest.approx(f_hand, abs=1e-12)
+    assert rec.last("StreamForgetting/eval_phase/test_stream") == pytest.approx(f_hand, abs=1e-12)
+    assert rec.last("StreamBWT/eval_phase/test_stream") == pytest.approx(-f_hand, abs=1e-12)
+    assert s["acc_mean_over_experiences"] == pytest.approx(np.mean(matrix[-1]))
+    assert "Top1_Acc_Stream/eval_phase/test_stream" in text.getvalue()  # the text logger printed them too
+    # every training sample became one row (no policy), after the D0 rows of the preset
+    assert sum(strategy.learner.rows_in_use().values()) == 16 + 3 * 96
+
+
+def test_training_accuracy_is_prequential():
+    st = _tiny_drift(n_experiences=1)
+    rec = Recorder()
+    strategy = GrowmemStrategy(num_classes=st.n_classes, seed=0, train_mb_size=32,
+                               evaluator=EvaluationPlugin(accuracy_metrics(epoch=True), loggers=[rec]))
+    ref = GrowmemLearner(num_classes=st.n_classes, seed=0)
+    (x, y), _ = [a[0] for a in DriftingTeacher(seed=3, n_experiences=1, samples_per_experience=96,
+                                              test_samples=64).arrays()]
+    correct = 0
+    for lo in range(0, 96, 32):  # predict each batch, then learn it
+        correct += int(np.sum(ref.predict(x[lo:lo + 32]).argmax(-1) == y[lo:lo + 32]))
+        ref.step(x[lo:lo + 32], y[lo:lo + 32])
+    strategy.train(st.train_stream[0], shuffle=False)
+    assert rec.last("Top1_Acc_Epoch/train_phase/train_stream/Task000") == pytest.approx(correct / 96, abs=1e-12)
+
+
+def test_accuracy_matrix_forgetting_and_bwt_on_a_hand_computed_example():
+    a = [[0.9, 0.1, 0.0],
+         [0.6, 0.8, 0.2],
+         [0.5, 0.7, 0.95]]
+    s = summarize(a, stream_weighted=0.66)
+    # forgetting_j = a[j][j] - a[T-1][j] for j < T-1: 0.4 and 0.1
+    assert s["forgetting"] == pytest.approx(0.25)
+    assert s["bwt"] == pytest.approx(-0.25)
+    assert s["forgetting_per_experience"] == {0: pytest.approx(0.4), 1: pytest.approx(0.1)}
+    assert s["acc_mean_over_experiences"] == pytest.approx((0.5 + 0.7 + 0.95) / 3)
+    assert s["acc_stream_weighted"] == 0.66  # reported as given, never recomputed from the mean
+    assert s["acc_current_mean"] == pytest.approx((0.9 + 0.8 + 0.95) / 3)
+    assert forgetting_and_bwt([[0.7]]) == (None, None, {})
+    joint = summarize([[0.9, 0.8, 0.7]], 0.8, square=False)  # evaluated once at the end
+    assert joint["forgetting"] is None and joint["acc_mean_over_experiences"] == pytest.approx(0.8)
+
+
+# ----------------------------------------------------------------------------- fast loop vs template
+
+@pytest.mark.parametrize("stream_kind", ["drift_in_order", "shuffled_two_epochs"])
+def test_fast_loop_and_template_give_the_same_metrics(stream_kind):
+    if stream_kind == "drift_in_order":
+        kw = dict(stream="drifting_teacher", stream_options=TINY, epochs=None)
+    else:
+        kw = dict(stream=_class_benchmark()[0], epochs=2)
+    out = {}
+    for loop in ("fast", "template"):
+        doc = run_continual(methods=["growmem"], seeds=[2], growmem_loop=loop, progress=False, verbose=False,
+                            eval_mb_size=24, prequential=True, **kw)
+        out[loop] = doc["runs"][0]
+    a, b = out["fast"], out["template"]
+    for key in ("accuracy_matrix", "acc_stream_weighted_after", "prequential_acc", "bytes"):
+        assert a[key] == b[key], key
+    assert a["summary"]["forgetting"] == b["summary"]["forgetting"]
+    assert len(a["accuracy_matrix"]) == a["n_experiences"]
+
+
+# ----------------------------------------------------------------------------- bytes
+
+def _expected_rows_bytes(rows, d_in, d_out):
+    arrays = [np.zeros((rows,), np.float32), np.zeros((rows, d_in), np.float32),
+              np.zeros((rows, d_out), np.float32), np.zeros((rows,), np.int32)]
+    return sum(a.nbytes for a in arrays)
+
+
+def test_growmem_bytes_match_an_independent_count_of_array_sizes():
+    learner = GrowmemLearner(num_classes=5, seed=0)  # continual_growmem: no blocks, D0 of 16 rows, capacity 256
+    rs = np.random.RandomState(0)
+    for _ in range(3):
+        learner.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
+    b = learner.memory_bytes()
+    scalars = sum(a.nbytes for a in (np.zeros((), np.int32),) * 3)  # size, t of the memory; the step counter
+    assert b["rows_in_use"] == 16 + 48 and b["rows_allocated"] == 256
+    assert b["rows_in_use_bytes"] == _expected_rows_bytes(64, 8, 5)
+    assert b["rows_allocated_bytes"] == _expected_rows_bytes(256, 8, 5)
+    assert b["bytes_in_use"] == _expected_rows_bytes(64, 8, 5) + scalars
+    assert b["bytes_allocated"] == _expected_rows_bytes(256, 8, 5) + scalars
+    # past the first capacity the allocation grows geometrically, rows in use one per sample
+    for _ in range(15):
+        learner.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
+    b = learner.memory_bytes()
+    assert b["rows_in_use_bytes"] == _expected_rows_bytes(16 + 18 * 16, 8, 5)
+    assert b["rows_allocated"] == 512 and b["rows_allocated_bytes"] == _expected_rows_bytes(512, 8, 5)
+
+
+def test_memory_budget_caps_growmem_rows_and_allocation():
+    per_row = _expected_rows_bytes(1, 8, 5)
+    budget = 100 * per_row + 12  # 100 rows + the three int32 scalars
+    learner = GrowmemLearner(num_classes=5, seed=0, budget_bytes=budget)
+    rs = np.random.RandomState(1)
+    for _ in range(12):
+        learner.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
+    b = learner.memory_bytes()
+    assert learner.max_rows == 100
+    assert b["rows_in_use"] == 100 and b["bytes_in_use"] == budget
+    assert b["rows_allocated"] == 256  # max_rows + batch, rounded to the 256-row quantum: never grown
+    with pytest.raises(ValueError, match="budget"):
+        GrowmemLearner(num_classes=5, budget_bytes=10).step(rs.randn(16, 8).astype(np.float32), np.zeros(16))
+
+
+def _mlp_arrays(d_in, hidden, n_out):
+    shapes = [(hidden, d_in), (hidden,), (hidden, hidden), (hidden,), (n_out, hidden), (n_out,)]
+    return sum(np.zeros(s, np.float32).nbytes for s in shapes)
+
+
+def test_baseline_bytes_match_an_independent_count_of_array_sizes():
+    from growmem.continual import baselines as B
+    from growmem.continual.memory_bytes import torch_strategy_bytes
+    from growmem.continual.metrics import make_evaluator
+
+    st = make_stream(_class_benchmark()[0])
+    params = _mlp_arrays(6, 400, 4)
+    sample = np.zeros(6, np.float32).nbytes + np.zeros((), np.int64).nbytes * 2  # x, class, task label
+    expect = {"naive": 2 * params,  # parameters + SGD momentum buffers
+              "replay_50": 2 * params + 50 * sample,
+              "ewc": 2 * params + 2 * params,  # saved parameters + importances of one experience
+              "lwf": 2 * params + params,  # the previous model
+              "cumulative": 2 * params + 80 * sample}
+    for name, want in expect.items():
+        s = B.make_baseline(name, st, seed=0, evaluator=make_evaluator(), epochs=1)
+        s.train(st.train_stream[0])
+        assert torch_strategy_bytes(s)["bytes_in_use"] == want, name
+
+
+# ----------------------------------------------------------------------------- task labels, online
+
+def test_task_incremental_stream_gets_one_readout_per_task():
+    bm, _, test = _class_benchmark(task_labels=(0, 1))
+    st = make_stream(bm)
+    assert st.task_labels == (0, 1) and st.task_incremental
+    strategy = GrowmemStrategy(num_classes=st.n_classes, seed=0, evaluator=EvaluationPlugin(loggers=[]))
+    strategy.train(st.train_stream[0])
+    assert sorted(strategy.learner.trainers) == ["task0"]
+    strategy.train(st.train_stream[1])
+    assert sorted(strategy.learner.trainers) == ["task0", "task1"]
+    x1 = test[1][0].numpy()
+    own = strategy.learner.trainers["task1"].predict(x1)
+    routed = strategy.model(torch.from_numpy(x1), torch.ones(len(x1), dtype=torch.long)).numpy()
+    assert np.array_equal(routed, np.asarray(own))  # task-1 samples are answered by the task-1 readout
+    assert np.all(strategy.learner.predict(x1, np.full(len(x1), 7)) == 0)  # a task never trained: zeros
+
+
+def test_online_stream_without_task_boundaries_trains_like_the_whole_experience():
+    from avalanche.benchmarks.scenarios.online import split_online_stream
+
+    st = _tiny_drift(n_experiences=2)
+    whole = GrowmemStrategy(num_classes=5, seed=4, train_mb_size=16, evaluator=EvaluationPlugin(loggers=[]))
+    for exp in st.train_stream:
+        whole.train(exp, shuffle=False)
+    online = GrowmemStrategy(num_classes=5, seed=4, train_mb_size=16, evaluator=EvaluationPlugin(loggers=[]))
+    subs = list(split_online_stream(st.train_stream, experience_size=32, shuffle=False,
+                                    access_task_boundaries=False))
+    assert len(subs) == 6
+    for sub in subs:
+        online.train(sub, shuffle=False)
+    x = np.concatenate([DriftingTeacher(seed=3, n_experiences=2, samples_per_experience=96,
+                                        test_samples=64).arrays()[1][j][0] for j in range(2)])
+    assert np.array_equal(whole.learner.predict(x), online.learner.predict(x))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_inputs_that_do_not_fit_the_model_name_both_shapes():
+    st = _tiny_drift()
+    strategy = GrowmemStrategy(num_classes=5, input_size=784, evaluator=EvaluationPlugin(loggers=[]))
+    with pytest.raises(errors.InputShapeError, match=r"\(8,\).*784"):
+        strategy.train(st.train_stream[0])
+    learner = GrowmemLearner(num_classes=5)
+    learner.step(np.zeros((4, 1, 28, 28), np.float32), np.zeros(4))
+    with pytest.raises(errors.InputShapeError, match=r"\(3, 32, 32\).*3072.*\(1, 28, 28\).*784"):
+        learner.step(np.zeros((4, 3, 32, 32), np.float32), np.zeros(4))
+
+
+def test_labels_outside_the_model_name_num_classes():
+    with pytest.raises(ValueError, match="num_classes"):
+        GrowmemLearner(num_classes=3).step(np.zeros((4, 8), np.float32), np.array([0, 1, 2, 5]))
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(errors.UnknownNameError, match="split_mnist.*drifting_teacher"):
+        run_continual("split_mnsit", progress=False)
+    with pytest.raises(errors.UnknownNameError, match="naive.*replay_4400"):
+        run_continual("drifting_teacher", methods=["growmem", "replay"], progress=False)
+    with pytest.raises(errors.UnknownNameError, match="continual_growmem"):
+        run_continual("drifting_teacher", methods=["growmem:no_such_preset"], progress=False)
+    with pytest.raises(errors.UnknownNameError, match="weighted_softmax"):
+        GrowmemConfig(preset="no_such_preset").load()
+    with pytest.raises(errors.UnknownNameError, match="fast.*template"):
+        run_continual("drifting_teacher", growmem_loop="slow", progress=False)
+
+
+def test_a_missing_dataset_names_the_paths_searched_and_how_to_get_it(tmp_path, monkeypatch):
+    import avalanche.benchmarks.datasets.dataset_utils as du
+
+    empty = tmp_path / "data"
+    empty.mkdir()
+    monkeypatch.setenv("GROWMEM_DATA", str(empty))
+    monkeypatch.setattr(du, "default_dataset_location", lambda name: tmp_path / "avalanche" / name)
+    with pytest.raises(errors.DatasetNotFoundError) as e:
+        make_stream("split_cifar10", data_dir=str(empty))
+    msg = str(e.value)
+    assert str(empty) in msg and str(tmp_path / "avalanche" / "cifar10") in msg and "--download" in msg
+    # MNIST: the message of the data module (its folders searched) plus how to get the files
+    from growmem.data import mnist
+
+    def missing(split, data_dir=None, **kw):
+        raise FileNotFoundError(f"mnist not found. Searched:\n  {empty}/mnist  (does not exist)")
+
+    monkeypatch.setattr(mnist, "load", missing)
+    with pytest.raises(errors.DatasetNotFoundError) as e:
+        make_stream("split_mnist", data_dir=str(empty))
+    msg = str(e.value)
+    assert f"{empty}/mnist" in msg and "--data-dir" in msg and "--download" in msg
+
+
+def test_missing_avalanche_raises_an_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "avalanche", None)
+    with pytest.raises(errors.MissingExtraError, match=r"pip install 'growmem\[continual\]'"):
+        errors.require_avalanche()
+    import growmem.continual as gc
+
+    with pytest.raises(errors.MissingExtraError, match="growmem\\[continual\\]"):
+        gc.make_stream  # noqa: B018  (a lazy name needs the extra)
+
+
+def test_growmem_imports_without_avalanche_and_the_cli_names_the_extra():
+    code = ("import sys; import growmem, growmem.continual; "
+            "assert 'avalanche' not in sys.modules and 'torch' not in sys.modules, 'imported eagerly'; "
+            "sys.modules['avalanche'] = None; "
+            "from growmem.continual.cli import main; main(['--stream', 'drifting_teacher'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode != 0
+    assert "imported eagerly" not in r.stderr
+    assert "pip install 'growmem[continual]'" in r.stderr, r.stderr[-2000:]
