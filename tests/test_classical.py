@@ -60,6 +60,8 @@ def test_knn_grid_equals_brute_force_for_every_setting(data):
     for (metric, weighting, k), p in preds.items():
         _, _, ref_scores, ref_pred = np_knn(x_test, x_train, y_train, k, metric, weighting, 4)
         np.testing.assert_array_equal(np.asarray(p), ref_pred, err_msg=f"{metric} {weighting} k={k}")
+        if k not in (5, 25):   # the class scores themselves at the two ends of the k grid
+            continue
         got = classical.knn_class_scores(x_test, x_train, y_train, k=k, metric=metric, weighting=weighting,
                                          n_classes=4)
         np.testing.assert_allclose(np.asarray(got), ref_scores, rtol=1e-4, atol=1e-5)
