@@ -180,7 +180,9 @@ class _RefUnpickler(pickle.Unpickler):
 def _strategy_parts(strategy) -> dict:
     from avalanche.training.plugins import EvaluationPlugin
 
-    plugins = {i: p for i, p in enumerate(strategy.plugins) if not isinstance(p, EvaluationPlugin)}
+    # the evaluator (loggers, metric state) and run-time helpers (progress bars) are not learning state
+    plugins = {i: p for i, p in enumerate(strategy.plugins)
+               if not isinstance(p, EvaluationPlugin) and not getattr(p, "transient", False)}
     parts = {"model": strategy.model, "optimizer": strategy.optimizer, "plugins": plugins}
     for attr in ("dataset", "optimized_param_id"):  # Cumulative's data; the optimizer's param bookkeeping
         if hasattr(strategy, attr):

@@ -30,7 +30,7 @@ from avalanche.evaluation.metrics import Accuracy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from .learner import GrowmemLearner  # noqa: E402
-from .metrics import EXP_ACC, STREAM_ACC, TRAIN_EPOCH_ACC, BytesRecorder  # noqa: E402
+from .metrics import EXP_ACC, STREAM_ACC, TRAIN_EPOCH_ACC, BytesRecorder, set_accuracy_state  # noqa: E402
 from .strategy import batch_order  # noqa: E402
 
 
@@ -62,16 +62,19 @@ class FastLoop:
         self.memory_every = int(memory_every)
         self.bytes = BytesRecorder()
         self._test_cache: Dict[tuple, tuple] = {}
+        #: the running prequential accuracy of the current epoch (Avalanche ``Accuracy``)
+        self.epoch_acc = None
 
     def n_batches(self, experience) -> int:
         return -(-len(experience.dataset) // self.train_mb_size) * self.train_epochs
 
     def train(self, experience, *, shuffle: bool = True, resume: Optional[dict] = None,
               hook: Optional[Callable[[dict], None]] = None, on_batch: Optional[Callable[[dict], None]] = None,
-              bytes_resume: Optional[dict] = None) -> Dict[str, float]:
+              bytes_resume: Optional[dict] = None, acc_resume: Optional[dict] = None) -> Dict[str, float]:
         """One training experience. ``resume``: ``{"epoch", "batch"}`` to start from; ``hook``
         and ``on_batch`` get ``{"unit", "epoch", "batch"}`` after every batch. Returns
-        ``{"Top1_Acc_Epoch/...": prequential accuracy}`` of the last epoch with ``train_outputs``."""
+        ``{"Top1_Acc_Epoch/...": prequential accuracy}`` of the last epoch with ``train_outputs``
+        (``acc_resume``: its running state at the resumed batch, see ``epoch_acc``)."""
         unit = int(experience.current_experience)
         x, y, t = materialize(experience.dataset.train())
         n, b = len(y), self.train_mb_size
@@ -80,8 +83,10 @@ class FastLoop:
         it, out = 0, {}
         for epoch in range(start_epoch, self.train_epochs):
             order = batch_order(n, self.seed, unit, epoch, shuffle)
-            acc = Accuracy()
+            acc = self.epoch_acc = Accuracy()
             first = start_batch if epoch == start_epoch else 0
+            if epoch == start_epoch and resume:
+                set_accuracy_state(acc, acc_resume)
             for i, lo in enumerate(range(first * b, n, b)):
                 idx = order[lo:lo + b]
                 if self.train_outputs:

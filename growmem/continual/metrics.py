@@ -131,6 +131,25 @@ class MemoryBytesMetric(PluginMetric):
         return "MemoryBytes"
 
 
+def accuracy_state(acc) -> dict:
+    """The running state of an Avalanche ``Accuracy`` (its ``Mean``: summed, weight)."""
+    m = acc._mean_accuracy
+    return {"summed": float(m.summed), "weight": float(m.weight)}
+
+
+def set_accuracy_state(acc, state: Optional[dict]):
+    if state:
+        acc._mean_accuracy.summed = float(state["summed"])
+        acc._mean_accuracy.weight = float(state["weight"])
+
+
+def epoch_accuracies(evaluator) -> list:
+    """The ``Accuracy`` objects behind the evaluator's ``Top1_Acc_Epoch`` (training) metrics."""
+    from avalanche.evaluation.metrics import EpochAccuracy
+
+    return [m._metric for m in getattr(evaluator, "metrics", []) if isinstance(m, EpochAccuracy)]
+
+
 def default_metrics(memory_every: Optional[int] = None) -> list:
     """Avalanche's accuracy (epoch, experience, stream), forgetting and BWT (experience, stream),
     timing (epoch, experience), and :class:`MemoryBytesMetric`."""

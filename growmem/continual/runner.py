@@ -46,8 +46,8 @@ from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
 from . import baselines as B  # noqa: E402
 from .fast import FastLoop  # noqa: E402
 from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
-from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, make_evaluator, memory_metric, stream_accuracy,  # noqa: E402
-                      summarize)
+from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
+                      memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
 from .streams import STREAMS, Stream, make_stream  # noqa: E402
 from .strategy import GrowmemStrategy  # noqa: E402
@@ -153,6 +153,9 @@ def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool) -> Optional
 class _Progress(SupervisedPlugin):
     """Per-iteration progress for strategies inside Avalanche's template (bar + callback)."""
 
+    #: not part of the learning state (not saved with a baseline's checkpoint)
+    transient = True
+
     def __init__(self):
         super().__init__()
         self.bar = None
@@ -235,13 +238,13 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
     n_epochs = int(epochs) if epochs is not None else learner.epochs
     config = {"growmem": cfg.describe(), "epochs": n_epochs, "batch_size": learner.batch_size, "loop": loop,
               "budget_bytes": budget}
-    results, pos, partial, counter = _new_results(), None, None, 0
+    results, pos, partial, acc_partial, counter = _new_results(), None, None, None, 0
     ck = Checkpointer(run_dir / "ckpt", keep=2) if run_dir is not None else None
     resumed = False
     if ck is not None and resume and ck.latest_step() is not None:
         r = learner.restore(ck, config=config)
         counter, pos = r.step, r.data_position
-        results, partial = r.extra["results"], r.extra.get("bytes_current")
+        results, partial, acc_partial = r.extra["results"], r.extra.get("bytes_current"), r.extra.get("epoch_acc")
         resumed = True
     shuffle = bool(stream.train_kwargs.get("shuffle", True))
     if loop == "fast":
@@ -257,11 +260,11 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
     start = 0 if pos is None else (pos["exp"] + 1 if pos["done"] else pos["exp"])
     n_exp = stream.n_experiences
 
-    def save(position, current):
+    def save(position, current, epoch_acc=None):
         nonlocal counter
         counter += 1
         learner.save(ck, counter, data_position=position, config=config,
-                     extra={"results": results, "bytes_current": current})
+                     extra={"results": results, "bytes_current": current, "epoch_acc": epoch_acc})
 
     for e in range(start, n_exp):
         exp = stream.train_stream[e]
@@ -271,27 +274,34 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
         bar = _bar(f"{method} seed {seed} exp {e + 1}/{n_exp}", nb * n_epochs, done, progress)
         since = [0]
 
-        def after_batch(p, current_bytes):
+        def after_batch(p, current_bytes, current_acc):
             if bar is not None:
                 bar.update(1)
             since[0] += 1
             if ck is not None and checkpoint_every and since[0] >= checkpoint_every:
                 since[0] = 0
-                save({"exp": e, "epoch": p["epoch"], "batch": p["batch"], "done": False}, current_bytes())
+                acc = current_acc()
+                save({"exp": e, "epoch": p["epoch"], "batch": p["batch"], "done": False}, current_bytes(),
+                     None if acc is None else accuracy_state(acc))
             if on_batch is not None:
                 on_batch({"method": method, "seed": seed, "experience": e, "epoch": p["epoch"], "batch": p["batch"]})
 
         t = _timer()
         if loop == "fast":
             train_metrics = driver.train(exp, shuffle=shuffle, resume=here, bytes_resume=partial if here else None,
-                                         hook=lambda p: after_batch(p, lambda: driver.bytes.current))
+                                         acc_resume=acc_partial if here else None,
+                                         hook=lambda p: after_batch(p, lambda: driver.bytes.current,
+                                                                    lambda: driver.epoch_acc))
             bytes_rec = driver.last_bytes
         else:
             mm = memory_metric(strategy.evaluator)
             strategy.resume_position = None if here is None else {"unit": e, "epoch": here["epoch"],
                                                                   "batch": here["batch"]}
             mm.pending_resume = partial if here else None
-            strategy.checkpoint_hook = lambda s, p: after_batch(p, lambda: mm.recorder.current)
+            strategy.resume_epoch_accuracy = acc_partial if here else None
+            accs = epoch_accuracies(strategy.evaluator)
+            strategy.checkpoint_hook = lambda s, p: after_batch(p, lambda: mm.recorder.current,
+                                                                lambda: accs[0] if accs else None)
             train_metrics = strategy.train(exp, **stream.train_kwargs)
             bytes_rec = mm.records[-1]
         train_s = _elapsed(t)
@@ -301,7 +311,7 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
         metrics = driver.eval(stream.test_stream) if loop == "fast" else strategy.eval(stream.test_stream)
         metrics = {**train_metrics, **metrics}
         _record(results, metrics, n_exp, bytes_rec, train_s, _elapsed(t))
-        partial = None
+        partial = acc_partial = None
         if ck is not None:
             save({"exp": e, "epoch": n_epochs, "batch": 0, "done": True}, None)
     if ck is not None:

@@ -119,6 +119,8 @@ class GrowmemStrategy(SupervisedTemplate):
         #: called as ``hook(strategy, {"unit", "epoch", "batch"})`` after every training iteration
         self.checkpoint_hook: Optional[Callable] = None
         self._position = None
+        #: running state of the training-accuracy metrics at the resumed batch (set by a resume)
+        self.resume_epoch_accuracy: Optional[dict] = None
         super().__init__(model=GrowmemModule(self.learner, eval_mb_size), optimizer=None,
                          criterion=torch.nn.CrossEntropyLoss(),
                          train_mb_size=train_mb_size or self.learner.batch_size,
@@ -161,7 +163,12 @@ class GrowmemStrategy(SupervisedTemplate):
         for epoch in range(start_epoch, self.train_epochs):
             self._position = {"unit": self._unit(), "epoch": epoch, "batch": start_batch if epoch == start_epoch
                               else 0}
-            self._before_training_epoch(**kwargs)
+            self._before_training_epoch(**kwargs)  # the epoch metrics reset here...
+            if epoch == start_epoch and pos is not None and self.resume_epoch_accuracy:
+                from .metrics import epoch_accuracies, set_accuracy_state
+                for acc in epoch_accuracies(self.evaluator):  # ...and continue from the resumed batch
+                    set_accuracy_state(acc, self.resume_epoch_accuracy)
+                self.resume_epoch_accuracy = None
             if self._stop_training:
                 self._stop_training = False
                 break
