@@ -1,28 +1,42 @@
-"""Retrieval kernels: pure functions of a query batch and memory rows.
+"""Retrieval kernels: one :class:`Kernel` object per kernel, in the table :data:`KERNELS`.
 
-All kernels take ``q:(B, d_in)`` and rows ``(N, ·)`` and return ``(B, d_out)``.
-They loop over fixed-size chunks of rows and skip chunks past ``size``, so the
-cost follows the rows in use, not the preallocated capacity; rows at index
-``>= size`` are masked out. The weighted softmax merges the chunks' partial
-numerators and denominators with a running maximum (the log-sum-exp rule), so
-it is finite at any temperature. Everything is differentiable in ``q`` and in
-the rows (``k``, ``v``, ``w``).
+Every kernel is kernel attention of a query batch ``q:(B, d_in)`` over memory rows
+``k:(N, d_in)``, ``v:(N, d_out)`` (and ``w:(N,)``) with per-row coefficients ``c_i``
+(momentum, Eq. 23/91; 1 when absent)::
 
-``coeff:(N,)`` is an optional per-row retrieval coefficient ``c_i`` (momentum
-uses it, Eq. 23/91); it multiplies each row's kernel value.
+    y = Σ_i c_i κ(s_i) v_i                       (linear: κ(s) = s;  RBF: κ(s) = e^s)
+    y = Σ_i c_i e^{s_i} ṽ_i / Σ_i c_i w_i e^{s_i}  (weighted softmax, Eq. 8)
 
-Chunk size and speed: on CPU each chunk's rows are copied out of the row table
-(XLA materialises the dynamic slice) before the two matrix products read them,
-so a chunk should stay in cache. ``chunk`` is therefore the *largest* number of
-rows per chunk; :func:`chunk_rows` lowers it so that a chunk's key and value rows
-take about :data:`CHUNK_BYTES` (e.g. 256 rows at d = 3072, 512 at d = 784). The
-result does not depend on the chunking beyond floating-point rounding.
-:func:`scan_rows` itself uses exactly the ``chunk`` it is given.
+with the score ``s_i = α ⟨k_i, q⟩`` (linear: α = 1; weighted softmax: α = 1/(T√d_in)) or
+``s_i = −α ‖q − k_i‖²`` (RBF, Alg. 5: α = 1/(2T√d_in)).
+
+**The algebra every backend shares.** A kernel reduces a set of rows to a *partial result*
+:class:`Partial` ``(m, num, den)``: ``num = Σ c_i κ(s_i − m) v_i``, ``den = Σ c_i w_i κ(s_i − m)``
+(0 for kernels without a denominator), ``m`` a per-query stabiliser (the running maximum of
+``s_i + log|c_i w_i|`` for the weighted softmax, so it is finite at any temperature; 0 for
+the others). Two partials of disjoint row sets — two chunks, two shards, the hot and the
+cold rows — :func:`merge` by the log-sum-exp rule (for ``m = 0`` it is a plain sum), and
+:meth:`Kernel.finish` turns the merged partial into ``y``. So a backend (in RAM, sharded,
+on disk) needs no per-kernel code, and a new kernel is one row of the table.
+
+**Cost.** :func:`reduce` loops over fixed-size chunks of rows ``[0, size)`` only (a dynamic
+trip count: capacity past ``size`` costs nothing), with the two matrix products and the
+exponential of a chunk in cache. Rows may be stored in a lower precision than ``q``
+(bfloat16 keys and values halve the bytes a step reads); every chunk is widened to ``q``'s
+dtype and accumulated there.
+
+**Gradients.** :func:`reduce` has a custom VJP: the backward pass recomputes each chunk's
+scores from the forward pass's stabiliser ``m`` (no chunk of rows is kept between the
+passes: the forward pass allocates nothing row-sized) and gives ``∂/∂q``, ``∂/∂T`` and — only
+when ``row_grads=True`` (hybrid layers, Alg. 4) — ``∂/∂k, ∂/∂v, ∂/∂w``. Coefficients and
+``size`` get no gradient. Forward-mode differentiation (``jax.jvp``) is not supported.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +48,269 @@ DEFAULT_CHUNK = 8192
 CHUNK_BYTES = 6 << 20
 #: never fewer rows per chunk than this (unless ``chunk`` asks for it): per-chunk overhead
 MIN_CHUNK_ROWS = 128
+#: rows per chunk of the novelty (minimum distance) search
+NOVELTY_CHUNK = 256
 # floor on |c·w| inside the softmax stabiliser: rows with w = 0 still carry ṽ (Alg. 3)
 _TINY = 1e-30
 
 
-def _check(q, k, v, w=None, coeff=None):
+class Partial(NamedTuple):
+    """A kernel's partial result over some rows (module docstring): ``m:(B,)`` stabiliser
+    (never differentiated), ``num:(B, d_out)``, ``den:(B,)``."""
+
+    m: jax.Array
+    num: jax.Array
+    den: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One retrieval kernel (a row of :data:`KERNELS`).
+
+    name         its name in specs and presets
+    form         ``"dot"``: ``s = α⟨k, q⟩``; ``"neg_sqdist"``: ``s = −α‖q − k‖²``
+    scale        α = ``scale / (T √d_in)`` when ``uses_temperature`` (else α = ``scale``)
+    exponential  κ(s) = e^{s − m} (else κ(s) = s)
+    normalised   y = num / den with ``den = Σ c w κ`` (the weighted softmax); else y = num
+    rules        the growth rules (:mod:`growmem.rules`) that fit it; the first is the default
+    base_weight  the layer adds ``W0 q`` (the linear dual form, Eq. 1)
+    """
+
+    name: str
+    form: str
+    scale: float
+    exponential: bool
+    normalised: bool
+    uses_temperature: bool
+    rules: tuple = ("sgd",)
+    base_weight: bool = False
+
+    # ------------------------------------------------------------------ scores
+    def alpha(self, temperature, d_in: int):
+        if not self.uses_temperature:
+            return jnp.asarray(self.scale, jnp.float32)
+        return self.scale / (temperature * math.sqrt(d_in))
+
+    def scores(self, q, q2, k, alpha):
+        """``(B, n)`` scores ``s`` of queries ``q`` (``q2 = ‖q‖²``) against rows ``k``."""
+        qk = q @ k.T
+        if self.form == "dot":
+            return alpha * qk
+        # ‖q-k‖² = ‖q‖² + ‖k‖² - 2 q·k through one matrix product; clamp rounding below 0
+        return -alpha * jnp.maximum(q2[:, None] + jnp.sum(k * k, axis=1)[None, :] - 2.0 * qk, 0.0)
+
+    def score_vjp(self, sbar, q, k, alpha, row_grads: bool):
+        """``(q̄, k̄)`` from ``s̄ = ∂L/∂s`` (``k̄`` is None unless ``row_grads``)."""
+        if self.form == "dot":                                   # s = α q·k
+            qbar = alpha * (sbar @ k)
+            kbar = alpha * (sbar.T @ q) if row_grads else None
+            return qbar, kbar
+        # s = −α(‖q‖² + ‖k‖² − 2 q·k):  ∂s/∂q_b = 2α(k_i − q_b),  ∂s/∂k_i = 2α(q_b − k_i)
+        qbar = 2.0 * alpha * (sbar @ k - q * jnp.sum(sbar, axis=1)[:, None])
+        kbar = 2.0 * alpha * (sbar.T @ q - k * jnp.sum(sbar, axis=0)[:, None]) if row_grads else None
+        return qbar, kbar
+
+    # ------------------------------------------------------------------ partial results
+    def empty(self, b: int, d_out: int, dtype=jnp.float32) -> Partial:
+        """The partial of no rows (the identity of :func:`merge`)."""
+        m0 = -jnp.inf if (self.exponential and self.normalised) else 0.0
+        return Partial(jnp.full((b,), m0, dtype), jnp.zeros((b, d_out), dtype), jnp.zeros((b,), dtype))
+
+    def _weights(self, s, m, c, valid):
+        """``c_i κ(s_i − m)`` per (query, row), 0 on invalid rows."""
+        if self.exponential:
+            e = jnp.exp(jnp.where(valid[None, :], s, m[:, None]) - m[:, None])
+        else:
+            e = s
+        e = jnp.where(valid[None, :], e, 0.0)
+        return e if c is None else e * c[None, :]
+
+    def fold(self, p: Partial, q, q2, k, v, w, c, valid, alpha) -> Partial:
+        """``p`` merged with the partial of one chunk of rows (forward pass)."""
+        s = self.scores(q, q2, k, alpha)
+        m = p.m
+        if self.exponential and self.normalised:
+            # stabiliser: max over rows of s_i + log|c_i w_i| keeps den >= 1 whenever some
+            # weighted row is present, so the result is finite whenever it is representable
+            cw = jnp.abs(w if c is None else c * w)
+            score = jnp.where(valid[None, :], s + jnp.log(jnp.maximum(cw, _TINY))[None, :], -jnp.inf)
+            m = jnp.maximum(p.m, jnp.max(score, axis=1))
+        e = self._weights(s, m, c, valid)
+        # rescale earlier chunks; while no row has been seen yet (m = -inf) there is nothing to rescale
+        r = jnp.exp(jnp.where(jnp.isfinite(m), p.m - m, 0.0))
+        num = p.num * r[:, None] + e @ v
+        den = p.den * r + e @ w if self.normalised else p.den
+        return Partial(m, num, den)
+
+    def unfold(self, m, num_bar, den_bar, q, q2, k, v, w, c, valid, alpha, row_grads: bool):
+        """Backward pass of one chunk: ``(q̄, Σ s̄·s, k̄, v̄, w̄)`` (row terms None unless ``row_grads``)."""
+        s = self.scores(q, q2, k, alpha)
+        e = self._weights(s, m, c, valid)
+        ebar = num_bar @ v.T                                      # ∂L/∂(c κ) per (query, row)
+        if self.normalised:
+            ebar = ebar + den_bar[:, None] * w[None, :]
+        if self.exponential:
+            sbar = ebar * e                                      # ∂(c e^{s-m})/∂s = c e^{s-m}
+        else:
+            sbar = ebar * (valid[None, :] if c is None else jnp.where(valid[None, :], c[None, :], 0.0))
+        qbar, kbar = self.score_vjp(sbar, q, k, alpha, row_grads)
+        s_sbar = jnp.sum(sbar * s)
+        if not row_grads:
+            return qbar, s_sbar, None, None, None
+        vbar = e.T @ num_bar
+        wbar = e.T @ den_bar if self.normalised else None
+        return qbar, s_sbar, kbar, vbar, wbar
+
+    def finish(self, p: Partial):
+        """``y`` from a (merged) partial: ``num / den`` (0 where ``den == 0``: no weighted
+        rows), or ``num``."""
+        if not self.normalised:
+            return p.num
+        zero = p.den == 0
+        return jnp.where(zero[:, None], 0.0, p.num / jnp.where(zero, 1.0, p.den)[:, None])
+
+
+LINEAR = Kernel("linear", form="dot", scale=1.0, exponential=False, normalised=False, uses_temperature=False,
+                rules=("sgd",), base_weight=True)
+RBF = Kernel("rbf", form="neg_sqdist", scale=0.5, exponential=True, normalised=False, uses_temperature=True,
+             rules=("sgd",))
+WEIGHTED_SOFTMAX = Kernel("weighted_softmax", form="dot", scale=1.0, exponential=True, normalised=True,
+                          uses_temperature=True, rules=("weighted_softmax", "gauge"))
+#: the kernel table: name -> Kernel
+KERNELS: Dict[str, Kernel] = {k.name: k for k in (LINEAR, RBF, WEIGHTED_SOFTMAX)}
+
+
+def get(kernel) -> Kernel:
+    """A :class:`Kernel` by name (or the kernel itself)."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    try:
+        return KERNELS[kernel]
+    except KeyError:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of {tuple(KERNELS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# merging partial results
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    """Merge the partials of two disjoint row sets by the log-sum-exp rule (a sum when m = 0)."""
+    m = lax.stop_gradient(jnp.maximum(a.m, b.m))
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    ra = jnp.where(jnp.isfinite(a.m), jnp.exp(a.m - m_safe), 0.0)
+    rb = jnp.where(jnp.isfinite(b.m), jnp.exp(b.m - m_safe), 0.0)
+    return Partial(m, a.num * ra[:, None] + b.num * rb[:, None], a.den * ra + b.den * rb)
+
+
+def merge_stacked(p: Partial) -> Partial:
+    """Merge partials stacked along a leading axis (e.g. all-gathered from the shards of a mesh)."""
+    m = lax.stop_gradient(jnp.max(p.m, axis=0))
+    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+    r = jnp.where(jnp.isfinite(p.m), jnp.exp(p.m - m_safe[None]), 0.0)
+    return Partial(m, jnp.sum(p.num * r[..., None], axis=0), jnp.sum(p.den * r, axis=0))
+
+
+def merge_across(p: Partial, axis_name) -> Partial:
+    """Merge the partials of every device along a mesh axis (inside ``shard_map``): the
+    partials are all-gathered (``B·(d_out + 2)`` numbers per device; the rows never move)."""
+    return merge_stacked(Partial(*(lax.all_gather(a, axis_name) for a in p)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the chunked reduction
+
+
+def chunk_rows(chunk: int, *rows: jax.Array) -> int:
+    """Rows per chunk the kernels use: ``min(chunk, R)``, where ``R`` is the largest power of
+    two (at least :data:`MIN_CHUNK_ROWS`) whose rows of all ``rows`` arrays fit in
+    :data:`CHUNK_BYTES` (measured at the float32 width every chunk is widened to)."""
+    row_bytes = sum(math.prod(a.shape[1:]) * 4 for a in rows)
+    fit = max(int(CHUNK_BYTES) // max(row_bytes, 1), 1)
+    fit = max(MIN_CHUNK_ROWS, 1 << (fit.bit_length() - 1))
+    return max(1, min(int(chunk), fit))
+
+
+def _fold_chunks(fn, carry, arrays: Sequence[Optional[jax.Array]], n: int, size, chunk: int):
+    """``carry = fn(carry, start, chunks, valid)`` over the chunks ``[i·chunk, (i+1)·chunk)``
+    holding rows below ``size`` (a dynamic trip count). The last chunk of a capacity that is
+    not a multiple of ``chunk`` is shifted back to stay in bounds; its overlap is masked."""
+    if n == 0:
+        return carry
+    if n <= chunk:
+        return fn(carry, 0, arrays, jnp.arange(n) < size)
+    ragged = n % chunk != 0
+
+    def body(i, carry):
+        lo = i * chunk
+        start = jnp.minimum(lo, n - chunk) if ragged else lo
+        sl = [None if a is None else lax.dynamic_slice_in_dim(a, start, chunk, 0) for a in arrays]
+        idx = start + jnp.arange(chunk, dtype=jnp.int32)
+        valid = (idx >= lo) & (idx < size) if ragged else idx < size
+        return fn(carry, start, sl, valid)
+
+    n_used = (jnp.minimum(size, n) + chunk - 1) // chunk
+    return lax.fori_loop(0, n_used, body, carry)
+
+
+def _widen(a, dtype):
+    return None if a is None else a.astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _reduce(kernel: Kernel, chunk: int, row_grads: bool, q, k, v, w, c, size, temperature):
+    return _reduce_fwd(kernel, chunk, row_grads, q, k, v, w, c, size, temperature)[0]
+
+
+def _reduce_fwd(kernel, chunk, row_grads, q, k, v, w, c, size, temperature):
+    dt = q.dtype
+    alpha = kernel.alpha(temperature, q.shape[1]).astype(dt)
+    q2 = jnp.sum(q * q, axis=1)
+
+    def fn(p, start, rows, valid):
+        kc, vc, wc, cc = (_widen(a, dt) for a in rows)
+        return kernel.fold(p, q, q2, kc, vc, wc, cc, valid, alpha)
+
+    p = _fold_chunks(fn, kernel.empty(q.shape[0], v.shape[1], dt), (k, v, w, c), k.shape[0], size, chunk)
+    return p, (q, k, v, w, c, size, temperature, p.m)
+
+
+def _reduce_bwd(kernel, chunk, row_grads, res, pbar):
+    q, k, v, w, c, size, temperature, m = res
+    dt = q.dtype
+    alpha = kernel.alpha(temperature, q.shape[1]).astype(dt)
+    q2 = jnp.sum(q * q, axis=1)
+    num_bar, den_bar = pbar.num, pbar.den
+    n = k.shape[0]
+    zeros = lambda a: None if (a is None or not row_grads) else jnp.zeros(a.shape, dt)
+    init = (jnp.zeros_like(q), jnp.zeros((), dt), zeros(k), zeros(v), zeros(w) if kernel.normalised else None)
+
+    def add_rows(buf, start, g):
+        if buf is None or g is None:
+            return buf
+        size_c = g.shape[0]
+        return lax.dynamic_update_slice_in_dim(buf, lax.dynamic_slice_in_dim(buf, start, size_c, 0) + g, start, 0)
+
+    def fn(acc, start, rows, valid):
+        kc, vc, wc, cc = (_widen(a, dt) for a in rows)
+        qb, ss, kb, vb, wb = kernel.unfold(m, num_bar, den_bar, q, q2, kc, vc, wc, cc, valid, alpha, row_grads)
+        qbar, s_sbar, kbar, vbar, wbar = acc
+        # the shifted-back last chunk overlaps the one before: add, never overwrite
+        return (qbar + qb, s_sbar + ss, add_rows(kbar, start, kb), add_rows(vbar, start, vb),
+                add_rows(wbar, start, wb))
+
+    qbar, s_sbar, kbar, vbar, wbar = _fold_chunks(fn, init, (k, v, w, c), n, size, chunk)
+    # s ∝ 1/T  =>  ∂s/∂T = −s/T
+    tbar = (-s_sbar / temperature).astype(jnp.result_type(temperature)) if kernel.uses_temperature else None
+    cast = lambda g, a: None if g is None else g.astype(a.dtype)
+    return (qbar, cast(kbar, k), cast(vbar, v), cast(wbar, w) if w is not None else None, None, None,
+            None if tbar is None else jnp.reshape(tbar, jnp.shape(temperature)))
+
+
+_reduce.defvjp(_reduce_fwd, _reduce_bwd)
+
+
+def _check(q, k, v, w=None, coeff=None, normalised=False):
     if q.ndim != 2:
         raise ValueError(f"q must be (B, d_in), got shape {tuple(q.shape)}")
     if k.ndim != 2 or v.ndim != 2:
@@ -48,28 +320,124 @@ def _check(q, k, v, w=None, coeff=None):
     if v.shape[0] != k.shape[0]:
         raise ValueError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
     n = k.shape[0]
+    if normalised and w is None:
+        raise ValueError("this kernel needs the row weights w")
     for name, a in (("w", w), ("coeff", coeff)):
         if a is not None and tuple(a.shape) != (n,):
             raise ValueError(f"{name} must have shape ({n},), got {tuple(a.shape)}")
 
 
-def chunk_rows(chunk: int, *rows: jax.Array) -> int:
-    """Rows per chunk the kernels use: ``min(chunk, R)``, where ``R`` is the largest power of
-    two (at least :data:`MIN_CHUNK_ROWS`) whose rows of all ``rows`` arrays fit in
-    :data:`CHUNK_BYTES`."""
-    row_bytes = sum(math.prod(a.shape[1:]) * a.dtype.itemsize for a in rows)
-    fit = max(int(CHUNK_BYTES) // max(row_bytes, 1), 1)
-    fit = max(MIN_CHUNK_ROWS, 1 << (fit.bit_length() - 1))
-    return max(1, min(int(chunk), fit))
+def _as_array(x):
+    return x if isinstance(x, jax.Array) else jnp.asarray(x)
+
+
+def reduce(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, chunk: int = DEFAULT_CHUNK,
+           row_grads: bool = True) -> Partial:
+    """The partial result (:class:`Partial`) of ``kernel`` over rows ``[0, size)``.
+
+    ``q:(B, d_in)``, ``k:(N, d_in)``, ``v:(N, d_out)``, ``w:(N,)`` (weighted softmax),
+    ``coeff:(N,)`` optional per-row ``c_i``; rows may be stored in a lower precision than
+    ``q`` (each chunk is widened to ``q.dtype``). ``temperature`` may be traced (it is
+    differentiable). ``chunk`` is an upper bound on rows per chunk (:func:`chunk_rows`).
+    ``row_grads=False`` drops the gradient with respect to the rows (the backward pass then
+    computes only ``∂/∂q`` and ``∂/∂T``): use it when the rows are not trained.
+    """
+    kern = get(kernel)
+    q, k, v = (_as_array(a) for a in (q, k, v))
+    w = _as_array(w) if (w is not None and kern.normalised) else None
+    coeff = None if coeff is None else _as_array(coeff)
+    _check(q, k, v, w, coeff, kern.normalised)
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        q = q.astype(jnp.float32)
+    n = k.shape[0]
+    size = jnp.asarray(n if size is None else size, jnp.int32)
+    size = jnp.clip(size, 0, n)
+    temperature = jnp.asarray(temperature, q.dtype)
+    ch = max(1, min(chunk_rows(chunk, k, v), max(n, 1)))
+    return _reduce(kern, ch, bool(row_grads), q, k, v, w, None if coeff is None else coeff.astype(q.dtype),
+                   size, temperature)
+
+
+def retrieve(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, chunk: int = DEFAULT_CHUNK,
+             row_grads: bool = True):
+    """``y:(B, d_out)`` of ``kernel`` (a name or a :class:`Kernel`) over rows ``[0, size)``."""
+    kern = get(kernel)
+    return kern.finish(reduce(kern, q, k, v, w, temperature=temperature, coeff=coeff, size=size, chunk=chunk,
+                              row_grads=row_grads))
+
+
+# ---------------------------------------------------------------------------------------------
+# the paper's kernels by name (functional API)
+
+
+def linear(q, k, v, *, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
+    """Eq. 1 without ``W0 q``: ``Σ_i c_i ⟨k_i, q⟩ v_i``."""
+    return retrieve(LINEAR, q, k, v, coeff=coeff, size=size, chunk=chunk)
+
+
+def rbf(q, k, v, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
+    """Alg. 5: ``Σ_i c_i exp(-‖q - k_i‖² / (2 T √d_in)) v_i``."""
+    return retrieve(RBF, q, k, v, temperature=temperature, coeff=coeff, size=size, chunk=chunk)
+
+
+def weighted_softmax(q, k, v_tilde, w, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
+    """Eq. 8: ``Σ c_i e^{a_i} ṽ_i / Σ c_i w_i e^{a_i}``, ``a_i = ⟨k_i, q⟩ / (T √d_in)``.
+
+    Max-stabilised; an empty memory (or one whose weights are all 0) returns 0.
+    """
+    return retrieve(WEIGHTED_SOFTMAX, q, k, v_tilde, w, temperature=temperature, coeff=coeff, size=size,
+                    chunk=chunk)
+
+
+def weighted_softmax_parts(q, k, v_tilde, w, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
+    """Partial sums of Eq. 8 with a common stabiliser: ``(m, num, den)`` (a :class:`Partial`)."""
+    return reduce(WEIGHTED_SOFTMAX, q, k, v_tilde, w, temperature=temperature, coeff=coeff, size=size, chunk=chunk)
+
+
+def merge_parts(parts) -> Partial:
+    """Merge a list of partials (e.g. from shards) by the log-sum-exp rule."""
+    parts = [Partial(*p) for p in parts]
+    out = parts[0]
+    for p in parts[1:]:
+        out = merge(out, p)
+    return out
+
+
+def finish_parts(parts):
+    """``num / den`` of weighted-softmax partials; 0 where the denominator is exactly 0."""
+    return WEIGHTED_SOFTMAX.finish(Partial(*parts))
+
+
+# ---------------------------------------------------------------------------------------------
+# novelty search and a general chunked fold
+
+
+def min_sq_distance(q, k, *, size=None, chunk: int = NOVELTY_CHUNK) -> jax.Array:
+    """``(B,)`` ``min_j ‖q_b − k_j‖²`` over rows ``j < size`` (``+inf`` when there are none).
+
+    Chunked over rows through one matrix product per chunk (``‖q‖² + ‖k‖² − 2 q·k``,
+    clamped at 0); never materialises ``(B, N, d)``; not differentiated.
+    """
+    q = lax.stop_gradient(q)
+    q2 = jnp.sum(q * q, axis=1)
+    n = k.shape[0]
+    size = jnp.clip(jnp.asarray(n if size is None else size, jnp.int32), 0, n)
+
+    def fn(best, start, rows, valid):
+        kc = rows[0].astype(q.dtype)
+        d2 = q2[:, None] + jnp.sum(kc * kc, axis=1)[None, :] - 2.0 * (q @ kc.T)
+        return jnp.minimum(best, jnp.min(jnp.where(valid[None, :], d2, jnp.inf), axis=1))
+
+    best = _fold_chunks(fn, jnp.full(q.shape[:1], jnp.inf, q.dtype), (lax.stop_gradient(k),), n, size,
+                        max(1, min(int(chunk), max(n, 1))))
+    return jnp.maximum(best, 0.0)
 
 
 def scan_rows(body: Callable, carry, rows: Sequence[jax.Array], *, size=None, chunk: int = DEFAULT_CHUNK):
-    """Fold ``body(carry, rows_chunk, valid)`` over row chunks ``[i·chunk, (i+1)·chunk)``.
-
-    ``valid:(chunk,)`` marks rows below ``size`` that belong to this chunk (the last
-    chunk is shifted back to stay in bounds; its overlap is masked). Chunks that
-    start at or after ``size`` are skipped at run time.
-    """
+    """Fold ``body(carry, rows_chunk, valid)`` over row chunks ``[i·chunk, (i+1)·chunk)`` below
+    ``size`` (a general chunked loop, differentiable, for kernels outside the table: the
+    last chunk is shifted back to stay in bounds and its overlap masked; chunks at or past
+    ``size`` are skipped at run time)."""
     n = rows[0].shape[0]
     if n == 0:
         return carry
@@ -78,7 +446,7 @@ def scan_rows(body: Callable, carry, rows: Sequence[jax.Array], *, size=None, ch
     n_chunks = math.ceil(n / chunk)
     if n_chunks == 1:
         return body(carry, rows, jnp.arange(n) < size)
-    ragged = n % chunk != 0  # static: only then is the last chunk shifted back
+    ragged = n % chunk != 0
 
     def step(c, i):
         lo = i * chunk
@@ -94,117 +462,3 @@ def scan_rows(body: Callable, carry, rows: Sequence[jax.Array], *, size=None, ch
 
     carry, _ = lax.scan(step, carry, jnp.arange(n_chunks, dtype=jnp.int32))
     return carry
-
-
-def _rows_and_coeff(dtype, rows, coeff):
-    """``rows`` plus the coefficient column if there is one (``None`` means all c_i = 1)."""
-    return tuple(rows) + (() if coeff is None else (jnp.asarray(coeff, dtype),))
-
-
-def linear(q, k, v, *, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
-    """Eq. 1 without ``W0 q``: ``Σ_i c_i ⟨k_i, q⟩ v_i``."""
-    _check(q, k, v, coeff=coeff)
-
-    def body(num, r, valid):
-        kc, vc = r[0], r[1]
-        cc = jnp.where(valid, r[2], 0) if len(r) > 2 else valid.astype(q.dtype)
-        a = (q @ kc.T) * cc
-        return num + a @ vc
-
-    return scan_rows(body, jnp.zeros((q.shape[0], v.shape[1]), q.dtype), _rows_and_coeff(q.dtype, (k, v), coeff),
-                     size=size, chunk=chunk_rows(chunk, k, v))
-
-
-def rbf(q, k, v, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
-    """Alg. 5: ``Σ_i c_i exp(-‖q - k_i‖² / (2 T √d_in)) v_i``."""
-    _check(q, k, v, coeff=coeff)
-    inv = 1.0 / (2.0 * temperature * math.sqrt(q.shape[1]))
-    q2 = jnp.sum(q * q, axis=1, keepdims=True)
-
-    def body(num, r, valid):
-        kc, vc = r[0], r[1]
-        # masking q·k right at the product keeps XLA:CPU from fusing the ‖k‖² reduction and
-        # the exponential into the matrix-product kernel (which made it ~20% slower at B=256)
-        qk = jnp.where(valid[None, :], q @ kc.T, 0.0)
-        # ‖q-k‖² = ‖q‖² + ‖k‖² - 2 q·k, through one matrix product; clamp rounding below 0
-        d2 = jnp.maximum(q2 + jnp.sum(kc * kc, axis=1)[None, :] - 2.0 * qk, 0.0)
-        e = jnp.exp(-d2 * inv)
-        e = e * jnp.where(valid, r[2], 0) if len(r) > 2 else jnp.where(valid, e, 0.0)
-        return num + e @ vc
-
-    return scan_rows(body, jnp.zeros((q.shape[0], v.shape[1]), q.dtype), _rows_and_coeff(q.dtype, (k, v), coeff),
-                     size=size, chunk=chunk_rows(chunk, k, v))
-
-
-def weighted_softmax_parts(q, k, v_tilde, w, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
-    """Partial sums of Eq. 8 with a common stabiliser: ``(m, num, den)``.
-
-    ``num = Σ c_i e^{a_i - m} ṽ_i``, ``den = Σ c_i w_i e^{a_i - m}`` with
-    ``a_i = ⟨k_i, q⟩ / (T √d_in)``. Partial results from several shards/chunks merge
-    with :func:`merge_parts`.
-    """
-    _check(q, k, v_tilde, w=w, coeff=coeff)
-    scale = 1.0 / (temperature * math.sqrt(q.shape[1]))
-    b = q.shape[0]
-
-    def body(carry, r, valid):
-        m, num, den = carry
-        kc, vc, wc = r[0], r[1], r[2]
-        cc = r[3] if len(r) > 3 else None
-        a = (q @ kc.T) * scale                                       # (B, chunk)
-        # stabiliser: max over rows of a_i + log|c_i w_i| keeps den >= 1 whenever some
-        # weighted row is present, so the result is finite whenever it is representable
-        cw = jnp.abs(wc if cc is None else cc * wc)
-        score = jnp.where(valid, a + jnp.log(jnp.maximum(cw, _TINY)), -jnp.inf)
-        m_new = lax.stop_gradient(jnp.maximum(m, jnp.max(score, axis=1)))
-        a_safe = jnp.where(valid, a, m_new[:, None])
-        e = jnp.where(valid, jnp.exp(a_safe - m_new[:, None]), 0.0)   # e^{a_i - m}
-        if cc is not None:
-            e = e * cc                                               # c_i e^{a_i - m}
-        # rescale earlier chunks; while no row has been seen yet (m = m_new = -inf) there is nothing to rescale
-        r_old = jnp.exp(jnp.where(jnp.isfinite(m_new), m - m_new, 0.0))
-        return m_new, num * r_old[:, None] + e @ vc, den * r_old + e @ wc
-
-    init = (jnp.full((b,), -jnp.inf, q.dtype), jnp.zeros((b, v_tilde.shape[1]), q.dtype), jnp.zeros((b,), q.dtype))
-    return scan_rows(body, init, _rows_and_coeff(q.dtype, (k, v_tilde, w), coeff), size=size,
-                     chunk=chunk_rows(chunk, k, v_tilde))
-
-
-def merge_parts(parts):
-    """Merge ``(m, num, den)`` partials (e.g. from shards) by the log-sum-exp rule."""
-    ms = jnp.stack([p[0] for p in parts])
-    m = lax.stop_gradient(jnp.max(ms, axis=0))
-    m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-    num = sum(p[1] * jnp.where(jnp.isfinite(p[0]), jnp.exp(p[0] - m_safe), 0.0)[:, None] for p in parts)
-    den = sum(p[2] * jnp.where(jnp.isfinite(p[0]), jnp.exp(p[0] - m_safe), 0.0) for p in parts)
-    return m, num, den
-
-
-def finish_parts(parts):
-    """``num / den``; 0 where the denominator is exactly 0 (no weighted rows)."""
-    _, num, den = parts
-    zero = den == 0
-    return jnp.where(zero[:, None], 0.0, num / jnp.where(zero, 1.0, den)[:, None])
-
-
-def weighted_softmax(q, k, v_tilde, w, *, temperature, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
-    """Eq. 8: ``Σ c_i e^{a_i} ṽ_i / Σ c_i w_i e^{a_i}``, ``a_i = ⟨k_i, q⟩ / (T √d_in)``.
-
-    Max-stabilised; an empty memory (or one whose weights are all 0) returns 0.
-    """
-    return finish_parts(weighted_softmax_parts(q, k, v_tilde, w, temperature=temperature, coeff=coeff,
-                                               size=size, chunk=chunk))
-
-
-KERNELS = ("linear", "rbf", "weighted_softmax")
-
-
-def retrieve(kernel: str, q, k, v, w, *, temperature=1.0, coeff=None, size=None, chunk: int = DEFAULT_CHUNK):
-    """Dispatch on the kernel name (``w`` is ignored by ``linear`` and ``rbf``)."""
-    if kernel == "linear":
-        return linear(q, k, v, coeff=coeff, size=size, chunk=chunk)
-    if kernel == "rbf":
-        return rbf(q, k, v, temperature=temperature, coeff=coeff, size=size, chunk=chunk)
-    if kernel == "weighted_softmax":
-        return weighted_softmax(q, k, v, w, temperature=temperature, coeff=coeff, size=size, chunk=chunk)
-    raise ValueError(f"unknown kernel {kernel!r}; choose one of {KERNELS}")

@@ -134,7 +134,7 @@ class ColdView:
                 if wsm:
                     p = kernels.weighted_softmax_parts(q, k, v, w, temperature=spec.temperature, coeff=coeff,
                                                        size=n_valid, chunk=c)
-                    return kernels.merge_parts([carry, p])
+                    return tuple(kernels.merge_parts([carry, p]))
                 return carry + kernels.retrieve(spec.kernel, q, k, v, w, temperature=spec.temperature,
                                                 coeff=coeff, size=n_valid, chunk=c)
 
