@@ -181,17 +181,23 @@ def test_growmem_bytes_match_an_independent_count_of_array_sizes():
     assert b["rows_allocated"] == 512 and b["rows_allocated_bytes"] == _expected_rows_bytes(512, 8, 5)
 
 
-def test_memory_budget_caps_growmem_rows_and_allocation():
+def test_memory_budget_caps_growmem_rows_in_use_and_allocated():
     per_row = _expected_rows_bytes(1, 8, 5)
-    budget = 100 * per_row + 12  # 100 rows + the three int32 scalars
+    budget = 600 * per_row + 12  # 600 rows + the three int32 scalars
     learner = GrowmemLearner(num_classes=5, seed=0, budget_bytes=budget)
     rs = np.random.RandomState(1)
-    for _ in range(12):
+    for _ in range(40):
         learner.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
     b = learner.memory_bytes()
-    assert learner.max_rows == 100
-    assert b["rows_in_use"] == 100 and b["bytes_in_use"] == budget
-    assert b["rows_allocated"] == 256  # max_rows + batch, rounded to the 256-row quantum: never grown
+    # 600 rows fit 2 quanta of 256: capacity 512 rows = 496 kept + one batch of 16 candidates
+    assert learner.max_rows == 496 and b["rows_in_use"] == 496 and b["rows_allocated"] == 512
+    assert b["bytes_in_use"] == _expected_rows_bytes(496, 8, 5) + 12 <= budget
+    assert b["bytes_allocated"] == _expected_rows_bytes(512, 8, 5) + 12 <= budget
+    # below one quantum: the rows in use still fit
+    small = GrowmemLearner(num_classes=5, seed=0, budget_bytes=100 * per_row + 12)
+    for _ in range(12):
+        small.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
+    assert small.max_rows == 100 and small.memory_bytes()["bytes_in_use"] == 100 * per_row + 12
     with pytest.raises(ValueError, match="budget"):
         GrowmemLearner(num_classes=5, budget_bytes=10).step(rs.randn(16, 8).astype(np.float32), np.zeros(16))
 

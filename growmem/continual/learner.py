@@ -13,9 +13,10 @@ answered by the model of its task label; a task never trained answers zeros (cla
 Class- and domain-incremental streams carry one task label, hence one model.
 
 **Memory budget**: ``budget_bytes`` caps every model with a ``capacity(max_rows, on_full)``
-policy appended to each layer's chain, ``max_rows`` chosen so that the rows in use plus the
-model's other state fit the budget (split evenly over ``n_tasks``), and the initial capacity
-is set to ``max_rows + batch`` so the trainer never allocates beyond it.
+policy appended to each layer's chain, ``max_rows`` chosen so that the rows plus the model's
+other state fit the budget (split evenly over ``n_tasks``) both in use and as allocated: the
+initial capacity is ``max_rows + batch`` rows (whole 256-row quanta), so the trainer never
+allocates beyond it.
 """
 from __future__ import annotations
 
@@ -106,8 +107,12 @@ def row_bytes(d_in: int, d_out: int, dtype=np.float32) -> int:
 
 
 def bytes_per_row(preset, d_in: int, d_out: int) -> int:
-    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout)."""
-    return preset.n_blocks * row_bytes(d_in, d_in) + row_bytes(d_in, d_out)
+    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout);
+    a hybrid layer's row also carries its optimizer moments (two per trained value, Adam)."""
+    def layer(spec, d_o):
+        b = row_bytes(d_in, d_o)
+        return b + 2 * (b - 4) if spec.hybrid else b
+    return preset.n_blocks * layer(preset.block, d_in) + layer(preset.readout, d_out)
 
 
 class GrowmemLearner:
@@ -183,25 +188,33 @@ class GrowmemLearner:
         return f"task{int(task)}"
 
     def _cap_preset(self, d_in: int):
-        """The preset with the row cap the budget allows (or the preset itself)."""
+        """The preset with the row cap the budget allows (or the preset itself).
+
+        The rows the budget holds, ``R = (budget - other state) // bytes per row``, are rounded
+        down to whole 256-row quanta of capacity ``C``; ``max_rows = C - batch`` so that the
+        allocated capacity (``max_rows + batch`` rows, what a step needs) stays within the
+        budget too. A budget below one quantum plus a batch keeps ``max_rows = R`` (rows in use
+        within the budget, one quantum allocated)."""
         if self.budget_bytes is None:
             return self.preset
+        from growmem.memory import ROW_QUANTUM
+
         per_task = self.budget_bytes // self.n_tasks
         per_row = bytes_per_row(self.preset, d_in, self.num_classes)
-        max_rows = per_task // per_row
-        if max_rows < 1:
-            raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) is below one row of "
-                             f"{per_row} B (d_in={d_in}, d_out={self.num_classes}); raise the budget")
-        for _ in range(3):  # subtract the model's other state (parameters, optimizer, policy), measured
-            preset = with_row_cap(self.preset, max_rows, self.config.on_full)
-            other = self._other_bytes(preset, d_in)
-            new = (per_task - other) // per_row
-            if new < 1:
+
+        def rows_for(other: int) -> int:
+            r = (per_task - other) // per_row
+            if r < 1:
                 raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
-                                 f"model's fixed state ({other} B) plus one row ({per_row} B); raise the budget")
-            if new == max_rows:
-                break
-            max_rows = new
+                                 f"model's fixed state ({other} B) plus one row ({per_row} B, d_in={d_in}, "
+                                 f"d_out={self.num_classes}); raise the budget")
+            c = (r // ROW_QUANTUM) * ROW_QUANTUM
+            return c - self.batch_size if c - self.batch_size >= 1 else r
+
+        # the model's other state (parameters, optimizer, policy states) does not depend on max_rows:
+        # measure it once on a model with the cap
+        other = self._other_bytes(with_row_cap(self.preset, 1, self.config.on_full), d_in)
+        max_rows = rows_for(other)
         self.max_rows = int(max_rows)
         return with_row_cap(self.preset, max_rows, self.config.on_full)
 

@@ -97,7 +97,8 @@ def plot(doc: dict, out_dir, name: str = "continual") -> List[Path]:
     n = len(methods)
     cols = min(n, 4)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.3 * cols + 1.0, 3.2 * rows + 0.6), squeeze=False,
+                             layout="constrained")
     for ax in axes.ravel()[n:]:
         ax.axis("off")
     for ax, m in zip(axes.ravel(), methods):
@@ -118,24 +119,29 @@ def plot(doc: dict, out_dir, name: str = "continual") -> List[Path]:
     paths.append(save_figure(fig, out_dir / f"{name}_accuracy_matrix.png"))
     plt.close(fig)
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for m in methods:
+    fig, (a1, a3, a2) = plt.subplots(1, 3, figsize=(15, 4), layout="constrained")
+    for k, m in enumerate(methods):
         rs = [r for r in runs if r["method"] == m]
         a = mean_matrix(rs)
+        color = f"C{k % 10}"
         if a.shape[0] == a.shape[1] and a.shape[0] > 1:
             seen = [np.nanmean(a[i, :i + 1]) for i in range(a.shape[0])]
-            a1.plot(range(1, len(seen) + 1), seen, marker="o", label=m)
+            a1.plot(range(1, len(seen) + 1), seen, marker="o", label=m, color=color)
+            a3.plot(range(1, len(seen) + 1), np.diag(a), marker="o", label=m, color=color)
         else:
-            a1.axhline(np.nanmean(a[-1]), ls=":", label=f"{m} (end)")
+            a1.axhline(np.nanmean(a[-1]), ls=":", label=f"{m} (end)", color=color)
         b = np.mean([[rec["final_in_use"] for rec in r["bytes"]] for r in rs], axis=0)
         if len(b) > 1:
-            a2.plot(range(1, len(b) + 1), b, marker="o", label=m)
+            a2.plot(range(1, len(b) + 1), b, marker="o", label=m, color=color)
         else:
-            a2.axhline(b[0], ls=":", label=f"{m} (end)")
+            a2.axhline(b[0], ls=":", label=f"{m} (end)", color=color)
     a1.set_xlabel("experiences trained")
     a1.set_ylabel("mean accuracy on the experiences seen")
     a1.set_ylim(0, 1)
     a1.legend(fontsize=7)
+    a3.set_xlabel("experiences trained i")
+    a3.set_ylabel("accuracy on the current experience a[i][i]")
+    a3.set_ylim(0, 1)
     a2.set_xlabel("experiences trained")
     a2.set_ylabel("bytes in use (end of experience)")
     a2.set_yscale("log")
