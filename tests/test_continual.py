@@ -244,6 +244,27 @@ def test_task_incremental_stream_gets_one_readout_per_task():
     assert np.all(strategy.learner.predict(x1, np.full(len(x1), 7)) == 0)  # a task never trained: zeros
 
 
+def test_baselines_get_a_head_per_task_on_a_task_incremental_stream(tmp_path):
+    from avalanche.models import MultiTaskModule
+
+    from growmem.continual import baselines as B
+    from growmem.continual.metrics import accuracy_row, make_evaluator
+
+    st = make_stream(_class_benchmark(task_labels=(0, 1))[0])
+    assert not isinstance(B.make_model(make_stream(_class_benchmark()[0])), MultiTaskModule)
+    s = B.make_baseline("ewc", st, seed=0, evaluator=make_evaluator(), epochs=1)
+    assert isinstance(s.model, MultiTaskModule)
+    s.train(st.train_stream[0])
+    B.save_state(s, tmp_path / "s.pkl", st.benchmark)
+    s.train(st.train_stream[1])
+    after = accuracy_row(s.eval(st.test_stream), 2)
+    resumed = B.make_baseline("ewc", st, seed=0, evaluator=make_evaluator(), epochs=1)
+    B.load_state(resumed, tmp_path / "s.pkl", st.benchmark)  # a multi-head model goes through a checkpoint
+    resumed.train(st.train_stream[1])
+    assert len(after) == 2 and all(0 <= a <= 1 for a in after)
+    assert sorted(resumed.model.classifier.classifiers) == ["0", "1"]  # one head per task label
+
+
 def test_online_stream_without_task_boundaries_trains_like_the_whole_experience():
     from avalanche.benchmarks.scenarios.online import split_online_stream
 

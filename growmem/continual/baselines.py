@@ -1,7 +1,8 @@
 """Avalanche's own strategies as baselines, and how their state is saved for a resume.
 
 Every baseline is Avalanche's strategy class with Avalanche's ``SimpleMLP`` (2 hidden layers
-of 400 units, **no dropout**), SGD (lr 0.01, momentum 0.9), mini-batches of 64:
+of 400 units, **no dropout**; a classifier head per task on task-incremental streams), SGD
+(lr 0.01, momentum 0.9), mini-batches of 64:
 
 =============== ============================================================================
 ``naive``        ``Naive`` (fine-tuning, the lower bound)
@@ -77,11 +78,14 @@ def experience_seed(seed: int, experience: int) -> int:
 
 
 def make_model(stream, settings: Optional[dict] = None):
-    from avalanche.models import SimpleMLP
+    """Avalanche's ``SimpleMLP``; on a task-incremental stream with a head per task
+    (``as_multitask(model, "classifier")``, as Avalanche's ``examples/ewc_mnist.py`` does)."""
+    from avalanche.models import SimpleMLP, as_multitask
 
     s = {**SETTINGS, **(settings or {})}
-    return SimpleMLP(num_classes=stream.n_classes, input_size=stream.input_size, hidden_size=s["hidden_size"],
-                     hidden_layers=s["hidden_layers"], drop_rate=s["drop_rate"])
+    model = SimpleMLP(num_classes=stream.n_classes, input_size=stream.input_size, hidden_size=s["hidden_size"],
+                      hidden_layers=s["hidden_layers"], drop_rate=s["drop_rate"])
+    return as_multitask(model, "classifier") if stream.task_incremental else model
 
 
 def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[int] = None,
@@ -117,7 +121,8 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
 
 def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional[dict] = None) -> dict:
     s = {**SETTINGS, **(settings or {})}
-    out = {"model": f"SimpleMLP({s['hidden_layers']} x {s['hidden_size']}, drop_rate={s['drop_rate']})",
+    out = {"model": f"SimpleMLP({s['hidden_layers']} x {s['hidden_size']}, drop_rate={s['drop_rate']})"
+                    + (", a head per task" if stream.task_incremental else ""),
            "optimizer": f"SGD(lr={s['lr']}, momentum={s['momentum']})", "train_mb_size": s["train_mb_size"],
            "epochs": int(epochs if epochs is not None else EPOCHS.get(stream.name, 1))}
     m = _REPLAY.match(name)
