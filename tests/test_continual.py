@@ -358,3 +358,16 @@ def test_growmem_imports_without_avalanche_and_the_cli_names_the_extra():
     assert r.returncode != 0
     assert "imported eagerly" not in r.stderr
     assert "pip install 'growmem[continual]'" in r.stderr, r.stderr[-2000:]
+
+
+def test_online_mode_is_one_pass_for_every_method_and_epochs_per_method_are_checked():
+    bm = _class_benchmark()[0]
+    doc = run_continual(bm, methods=["growmem", "naive"], seeds=[0], online=True, epochs={"naive": 3},
+                        progress=False, verbose=False)
+    assert [r["config"]["epochs"] for r in doc["runs"]] == [1, 1]
+    doc = run_continual(bm, methods=["naive"], seeds=[0], epochs={"naive": 3}, progress=False, verbose=False)
+    assert doc["runs"][0]["config"]["epochs"] == 3
+    with pytest.raises(ValueError, match="ewc"):
+        run_continual(bm, methods=["naive"], epochs={"ewc": 2}, progress=False)
+    with pytest.raises(TypeError, match="train_stream"):
+        make_stream(object())
