@@ -1,9 +1,10 @@
 """Subprocess used by tests/test_continual_resume.py: a small continual run that checkpoints.
 
-    python tests/continual_resume_worker.py OUT.json [--ckpt DIR] [--resume] [--sleep S]
+    python tests/continual_resume_worker.py OUT.json [--ckpt DIR] [--resume] [--hang-at LINE]
 
-Prints ``<method> exp <e> batch <b>`` (flushed) after every training batch; writes the runs'
-results (without timings) to OUT.json.
+Prints ``<method> exp <e> batch <b>`` (flushed) after every training batch; with ``--hang-at``
+it stops after printing that line and waits to be killed (so the kill lands at a known point);
+writes the runs' results (without timings) to OUT.json.
 """
 import argparse
 import json
@@ -25,13 +26,14 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--ckpt")
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--hang-at", default=None)
     a = ap.parse_args()
 
     def on_batch(info):
-        print(f"{info['method']} exp {info['experience']} batch {info['batch']}", flush=True)
-        if a.sleep:
-            time.sleep(a.sleep)
+        line = f"{info['method']} exp {info['experience']} batch {info['batch']}"
+        print(line, flush=True)
+        if line == a.hang_at:
+            time.sleep(600)  # the test kills this process with SIGKILL now
 
     doc = run_continual(checkpoint_dir=a.ckpt, resume=a.resume, on_batch=on_batch, **SETTINGS)
     keep = ("method", "seed", "accuracy_matrix", "acc_stream_weighted_after", "bytes", "prequential_acc", "resumed")

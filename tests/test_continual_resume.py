@@ -13,8 +13,8 @@ ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
 
 def _run_until(args, stop_line):
-    """Start the worker, SIGKILL it once it printed ``stop_line``; return the lines it printed."""
-    p = subprocess.Popen([sys.executable, WORKER, *args], env=ENV, stdout=subprocess.PIPE,
+    """Start the worker, SIGKILL it once it printed ``stop_line`` (where it waits); return the lines it printed."""
+    p = subprocess.Popen([sys.executable, WORKER, *args, "--hang-at", stop_line], env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True)
     seen = []
     try:
@@ -36,11 +36,10 @@ def test_resume_after_sigkill_mid_stream_gives_the_uninterrupted_results(tmp_pat
     ref = subprocess.Popen([sys.executable, WORKER, str(ref_out)], env=ENV, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
     # 1) killed inside growmem's second experience (10 batches each, a checkpoint every 3 batches)
-    first = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt), "--sleep", "0.05"], "growmem exp 1 batch 8")
+    first = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt)], "growmem exp 1 batch 8")
     assert "growmem exp 0 batch 10" in first and not (tmp_path / "never.json").exists()
     # 2) resumed: growmem continues after batch 6 of experience 1; killed again inside naive's second experience
-    second = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt), "--resume", "--sleep", "0.05"],
-                        "naive exp 1 batch 2")
+    second = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt), "--resume"], "naive exp 1 batch 2")
     assert second[0] == "growmem exp 1 batch 7", second[:3]
     # 3) resumed again: growmem is done; naive restarts experience 1 from its state after experience 0
     res = subprocess.run([sys.executable, WORKER, str(out), "--ckpt", str(ckpt), "--resume"], env=ENV,
