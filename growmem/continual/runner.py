@@ -196,13 +196,14 @@ def _new_results() -> dict:
             "eval_seconds": [], "prequential_acc": []}
 
 
-def _record(results: dict, metrics: dict, n_exp: int, bytes_rec: dict, train_s: float, eval_s: float):
+def _record(results: dict, metrics: dict, n_exp: int, bytes_rec: dict, train_s: float, eval_s: float,
+            prequential: bool):
     results["accuracy_matrix"].append(accuracy_row(metrics, n_exp))
     results["acc_stream_weighted_after"].append(stream_accuracy(metrics))
     results["bytes"].append(bytes_rec)
     results["train_seconds"].append(train_s)
     results["eval_seconds"].append(eval_s)
-    pre = [float(v) for k, v in metrics.items() if k.startswith(TRAIN_EPOCH_ACC)]
+    pre = [float(v) for k, v in metrics.items() if k.startswith(TRAIN_EPOCH_ACC)] if prequential else []
     results["prequential_acc"].append(pre[-1] if pre else None)
 
 
@@ -313,8 +314,8 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
             bar.close()
         t = _timer()
         metrics = driver.eval(stream.test_stream) if loop == "fast" else strategy.eval(stream.test_stream)
-        metrics = {**(train_metrics if prequential and n_epochs == 1 else {}), **metrics}
-        _record(results, metrics, n_exp, bytes_rec, train_s, _elapsed(t))
+        _record(results, {**train_metrics, **metrics}, n_exp, bytes_rec, train_s, _elapsed(t),
+                prequential=prequential and n_epochs == 1)
         partial = acc_partial = None
         if ck is not None:
             save({"exp": e, "epoch": n_epochs, "batch": 0, "done": True}, None)
@@ -355,9 +356,9 @@ def _run_baseline(stream: Stream, method: str, seed: int, *, budget, epochs, run
         if prog.bar is not None:
             prog.bar.close()
         t = _timer()
+        metrics = {**train_metrics, **strategy.eval(stream.test_stream)}
         # a single pass: Avalanche's training accuracy is prequential (outputs before each update)
-        metrics = {**(train_metrics if config["epochs"] == 1 else {}), **strategy.eval(stream.test_stream)}
-        _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t))
+        _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t), prequential=config["epochs"] == 1)
         if state_path is not None and not joint:
             B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
     return _finish(results, stream=stream, method=method, seed=seed, kind="baseline", config=config, budget=budget,
