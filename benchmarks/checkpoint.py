@@ -2,7 +2,7 @@
 
 For several memory sizes, a ``TrainState`` holding one growing layer's memory
 (N rows, d_in = 256, d_out = 16) is saved with
-``growmem.storage.checkpoint.Checkpointer`` (Orbax, atomic, with CRC32 of every
+``growmem.checkpoint.Checkpointer`` (Orbax, atomic, with CRC32 of every
 array) and restored into a template state; the baseline writes and reads the
 same arrays (``w``, ``k``, ``v``, ``born`` of the rows in use) with ``np.save`` /
 ``np.load``. Runs are interleaved (rotating order) and the median is kept.
@@ -31,7 +31,7 @@ from tqdm.auto import tqdm  # noqa: E402
 import _common  # noqa: E402
 import growmem as gm  # noqa: E402
 from growmem import memory as memlib  # noqa: E402
-from growmem.storage.checkpoint import Checkpointer  # noqa: E402
+from growmem.checkpoint import Checkpointer  # noqa: E402
 from growmem.train import TrainState  # noqa: E402
 
 NAME = "checkpoint"

@@ -61,9 +61,9 @@ def run(cfg, gamma, data, bar=None):
     (xtr, ytr), (xte, yte) = data
     pol = policies.weight_decay(gamma, prune_below=cfg["eps"]) if gamma > 0 else None
     spec = GrowingSpec.make("weighted_softmax", temperature=cfg["temperature"], eta=cfg["eta"], beta=cfg["beta"],
-                            init="random", init_rows=cfg["batch"], policy=pol)
+                            init="random", init_rows=cfg["batch"])
     net = ResidualGrowingNet(d_out=10, n_blocks=0, readout=spec, capacity=1024)
-    tr = Trainer(net, sample_input=xtr[:cfg["batch"]], rng=jax.random.key(cfg["seed"]))
+    tr = Trainer(net, sample_input=xtr[:cfg["batch"]], rng=jax.random.key(cfg["seed"]), policy=pol)
     curve = [(0, sum(tr.rows_in_use().values()))]
     t0 = time.perf_counter()
     for i, (x, y) in enumerate(stream(xtr, ytr, cfg["batch"], cfg["steps"], cfg["seed"])):

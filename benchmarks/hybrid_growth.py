@@ -67,23 +67,26 @@ def prepare(xy):
     return (x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))).astype(np.float32), y
 
 
-def make_spec(cfg, tau=None) -> GrowingSpec:
-    """Full growth (tau None): Alg. 3. Otherwise the hybrid layer of Alg. 4."""
-    common = dict(temperature=cfg["temperature"], eta=cfg["eta"], beta=cfg["beta"], init=cfg["init"],
-                  init_rows=cfg["batch"])
+def make_spec(cfg) -> GrowingSpec:
+    return GrowingSpec.make("weighted_softmax", temperature=cfg["temperature"], eta=cfg["eta"], beta=cfg["beta"],
+                            init=cfg["init"], init_rows=cfg["batch"])
+
+
+def make_policy(cfg, tau=None):
+    """Full growth (tau None): Alg. 3, no policy. Otherwise the hybrid layer of Alg. 4."""
     if tau is None:
-        return GrowingSpec.make("weighted_softmax", **common)
+        return None
     max_rows = cfg["n_train"] + cfg["batch"]  # N: room for one row per sample (never binding)
-    pol = policies.chain(policies.novelty(tau, relative=True), policies.capacity(max_rows, "reject"))
-    return GrowingSpec.make("weighted_softmax", **common, policy=pol, hybrid=True)
+    return policies.chain(policies.novelty(tau, relative=True), policies.capacity(max_rows, "reject"),
+                          policies.hybrid(optax.adam(cfg["adam_lr"])))
 
 
-def run(cfg, spec, data, bar=None, label=""):
+def run(cfg, tau, data, bar=None, label=""):
     (xtr, ytr), (xte, yte) = data
     b = cfg["batch"]
+    spec = make_spec(cfg)
     net = ResidualGrowingNet(d_out=10, n_blocks=cfg["n_blocks"], block=spec, readout=spec, capacity=cfg["capacity"])
-    tr = Trainer(net, sample_input=xtr[:b], rng=jax.random.key(cfg["seed"]),
-                 hybrid_tx=optax.adam(cfg["adam_lr"]) if spec.hybrid else None)
+    tr = Trainer(net, sample_input=xtr[:b], rng=jax.random.key(cfg["seed"]), policy=make_policy(cfg, tau))
     t0 = time.perf_counter()
     curve = []
     n_steps = len(xtr) // b
@@ -117,10 +120,10 @@ def main(argv=None):
     t0 = time.perf_counter()
     with tqdm(total=n_steps * (1 + len(cfg["taus"])), desc=f"hybrid growth [{args.preset}]", unit="step",
               dynamic_ncols=True) as bar:
-        full = run(cfg, make_spec(cfg), data, bar, "full growth")
+        full = run(cfg, None, data, bar, "full growth")
         hybrid = []
         for tau in cfg["taus"]:
-            r = run(cfg, make_spec(cfg, tau), data, bar, f"tau={tau}")
+            r = run(cfg, tau, data, bar, f"tau={tau}")
             hybrid.append({"tau": tau, "tau_absolute": tau * math.sqrt(784), **r})
 
     points = [{"tau": h["tau"], "capacity_fraction": h["capacity_fraction"], "accuracy": h["accuracy"]}

@@ -75,8 +75,9 @@ def main(argv=None):
     bare = jax.jit(lambda q, k: q @ k.T)
     fns = {"bare_product": lambda: bare(q, keys)}
     for c in cfg["chunks"]:
-        admit = jax.jit(policies.novelty(tau, relative=True, chunk=c).admit)
-        fns[f"novelty_chunk_{c}"] = (lambda admit: lambda: admit(rows, mem, mask, ())[0])(admit)
+        pol = policies.novelty(tau, relative=True, chunk=c)
+        admit = jax.jit(lambda mem, rows, mask, pol=pol: pol.admit(policies.Growth(mem, rows, mask, mask), ())[0].mask)
+        fns[f"novelty_chunk_{c}"] = (lambda admit: lambda: admit(mem, rows, mask))(admit)
     with tqdm(total=cfg["repeats"], desc=f"novelty search [{args.preset}]", unit="round", dynamic_ncols=True) as bar:
         med, raw = time_interleaved(fns, cfg["repeats"], bar)
 

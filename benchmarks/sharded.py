@@ -2,7 +2,7 @@
 
 Each device count runs in its own process (``XLA_FLAGS=--xla_force_host_platform_
 device_count=S`` must be set before JAX starts). The memory (N rows) is sharded
-along rows with ``growmem.storage.sharded.ShardedMemory`` and retrieved through
+along rows with a ``growmem.store.Store`` on the ``Sharded`` backend and retrieved through
 ``shard_map`` + the log-sum-exp merge; the same process also times the unsharded
 kernel on the same rows. On a machine with few cores the forced devices share
 them, so no speedup is expected: the figure is the *overhead* of the sharded path.
@@ -45,16 +45,17 @@ import _common
 import growmem as gm
 from growmem import memory as memlib
 from growmem.layers import retrieve
-from growmem.storage.sharded import ShardedMemory, row_mesh
+from growmem.backends.sharded import Sharded, row_mesh
+from growmem.store import Store
 assert len(jax.devices()) == S
 rs = np.random.default_rng(0)
 n, d, e, b = cfg["rows"], cfg["d_in"], cfg["d_out"], cfg["queries"]
 spec = gm.GrowingSpec.make("weighted_softmax", temperature=1.0, eta=1.0, beta=1.0)
 mem = memlib.from_rows(rs.random(n, dtype=np.float32), rs.standard_normal((n, d), dtype=np.float32),
                        rs.standard_normal((n, e), dtype=np.float32), spec=spec)
-sm = ShardedMemory.from_memory(mem, row_mesh(S))
+sm = Store.from_memory(mem, Sharded(row_mesh(S)))
 q = rs.standard_normal((b, d), dtype=np.float32)
-qs = sm.replicated(q)
+qs = sm.backend.place(q)
 unsharded = jax.jit(lambda m, q: retrieve(m, q))
 ref = np.asarray(unsharded(mem, q)); out = np.asarray(sm.retrieve(qs))
 err = float(np.abs(out - ref).max())

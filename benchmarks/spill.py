@@ -1,6 +1,6 @@
 """Spill throughput: retrieval over a TensorStore cold tier under a RAM budget.
 
-One run builds a tiered memory (``growmem.storage.tiered.TieredMemory``) whose
+One run builds a memory on the tiered backend (``growmem.store.Store`` on ``growmem.backends.tiered.Tiered``) whose
 cold tier is several GB (cpu preset: 1M rows × d_in 1024, ≈ 4.2 GB) under a 1 GB
 RAM budget, then measures, on the same files:
 
@@ -42,7 +42,8 @@ from tqdm.auto import tqdm  # noqa: E402
 import _common  # noqa: E402
 from _common import peak_rss_gb, raw_read  # noqa: E402
 import growmem as gm  # noqa: E402
-from growmem.storage.tiered import TieredMemory, row_bytes  # noqa: E402
+from growmem.backends.tiered import Tiered, row_bytes  # noqa: E402
+from growmem.store import Store  # noqa: E402
 
 NAME = "spill"
 GOAL_FRACTION = 0.6
@@ -126,8 +127,8 @@ def main(argv=None):
     result = {"preset": args.preset, "config": cfg, "workdir": str(work), "row_bytes": rb}
     t_start = time.perf_counter()
     try:
-        tier = TieredMemory.create(work / "tier", d_in=d, d_out=e, spec=spec, ram_budget_bytes=budget,
-                                   chunk_rows=cfg["chunk_rows"])
+        tier = Store.create(spec, d, e, name="memory",
+                            backend=Tiered(work / "tier", ram_budget_bytes=budget, chunk_rows=cfg["chunk_rows"]))
         # ---- build: append in batches; the budget forces the oldest rows to disk
         t0 = time.perf_counter()
         with tqdm(total=n, desc=f"spill [{args.preset}] write", unit="row", unit_scale=True, file=sys.stderr) as bar:
@@ -140,8 +141,8 @@ def main(argv=None):
                 bar.update(m)
         t_write = time.perf_counter() - t0
         result["build"] = {"seconds": t_write, "rows_cold": tier.rows_cold, "rows_hot": tier.rows_hot,
-                           "hot_capacity": tier.hot_capacity, "write_gb_per_s": tier.bytes_cold / GB / t_write}
-        files = cold_files(work / "tier")
+                           "hot_capacity": tier.hot_capacity, "write_gb_per_s": tier.rows_cold * rb / GB / t_write}
+        files = cold_files(work / "tier" / "memory")
         cold_bytes = sum(f.stat().st_size for f in files)
         result["cold_bytes"] = cold_bytes
         q = rs.standard_normal((cfg["queries"], d), dtype=np.float32)
@@ -203,8 +204,8 @@ def main(argv=None):
             result["in_ram"] = {"rows": ir["rows"], "seconds": ir["seconds"], "rows_per_s": ir["rows"] / ir["seconds"]}
         else:
             result["in_ram"] = {"error": child.stderr[-2000:]}
-        result["tier"] = {"rows_cold": tier.rows_cold, "rows_hot": tier.rows_hot, "bytes_cold": tier.bytes_cold,
-                          "bytes_hot": tier.bytes_hot, "read_ahead": tier.read_ahead}
+        result["tier"] = {"rows_cold": tier.rows_cold, "rows_hot": tier.rows_hot, "bytes_cold": tier.rows_cold * rb,
+                          "bytes_hot": tier.rows_hot * rb, "read_ahead": tier.backend.read_ahead}
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Training under a RAM budget: ``Trainer.enable_spill`` against the same model all in RAM.
+"""Training under a RAM budget: a ``Trainer`` on the ``Tiered`` backend against the same model all in RAM.
 
 One run trains the same ``ResidualGrowingNet`` (one weighted-softmax block + a
 weighted-softmax readout, ``init="random"``, the settings of
@@ -7,7 +7,7 @@ interleaved (step i of one trainer, then step i of the other, the order alternat
 so both see the same machine load:
 
 * **ram** — a plain ``Trainer``: every row in RAM;
-* **spill** — the same trainer with ``enable_spill(dir, ram_budget_bytes=budget)``,
+* **spill** — the same trainer with ``backend=Tiered(dir, ram_budget_bytes=budget)``,
   ``budget = budget_fraction × the bytes of the final rows``; older rows spill to a
   TensorStore zarr tier on disk and every jitted step still reads them (a scan over the
   cold chunks through ``jax.pure_callback``, rematerialised in the backward pass).
@@ -19,7 +19,7 @@ Measured (all ratios within this run):
   is the median over the final window of the per-step ratio t_spill / t_ram;
 * where the spill step's time goes: time inside the host callbacks
   (``ColdStore.read_chunk``, split into issuing TensorStore reads, waiting for them, and
-  the lazy-decay/padding step), the spill writes (``Spill.before_step``), the bytes of
+  the lazy-decay/padding step), the spill writes (``Tiered._spill``), the bytes of
   cold rows read per step;
 * the raw sequential read bandwidth of the tier's chunk files (plain ``readinto``, warm
   page cache — the regime the training steps run in), hence the *read floor*: the time
@@ -75,8 +75,8 @@ import _common  # noqa: E402
 from _common import peak_rss_gb, raw_read  # noqa: E402
 import growmem as gm  # noqa: E402
 from growmem.layers import DEFAULT_CAPACITY  # noqa: E402
-from growmem.storage import spill as spill_mod  # noqa: E402
-from growmem.storage.tiered import row_bytes  # noqa: E402
+from growmem.backends import tiered as spill_mod  # noqa: E402
+from growmem.backends.tiered import Tiered, row_bytes  # noqa: E402
 
 NAME = "spill_training"
 GB = 1 << 30
@@ -156,7 +156,7 @@ def resolve_data(want: str) -> str:
 
 def make_model(cfg, d):
     """The same model for both ways. Its initial capacity (rows preallocated per layer) is at most
-    the hot rows the budget allows: ``enable_spill`` caps the growth of the hot capacity but does
+    the hot rows the budget allows: the ``Tiered`` backend caps the growth of the hot capacity but does
     not shrink a larger initial one, which would hold more than the budget from the first step."""
     spec = gm.GrowingSpec.make("weighted_softmax", init="random", init_rows=cfg["batch"], **LAYER)
     return gm.ResidualGrowingNet(d_out=cfg["classes"], n_blocks=1, block=spec, readout=spec,
@@ -188,7 +188,7 @@ def budget_bytes(cfg, d) -> int:
 class Probe:
     """Counts what the spill path does on the host: callbacks (split into issuing the
     TensorStore reads, waiting for them, lazy decay + padding), bytes of cold rows read,
-    spill writes (``Spill.before_step``), and XLA compilations (``jax.monitoring``)."""
+    spill writes (``Tiered._spill``), and XLA compilations (``jax.monitoring``)."""
 
     FIELDS = ("callback_s", "callback_calls", "issue_s", "age_s", "bytes_read", "spill_write_s",
               "compile_s", "compiles")
@@ -212,14 +212,14 @@ class Probe:
             return
         self._installed = True
         probe = self
-        cs, sp = spill_mod.ColdStore, spill_mod.Spill
-        read_chunk, issue, aged, before_step = cs.read_chunk, cs._issue, cs._aged, sp.before_step
+        cs, sp, ct = spill_mod.ColdStore, spill_mod.Tiered, spill_mod.ColdTier
+        read_chunk, issue, aged, before_step = cs.read_chunk, ct.issue, cs._aged, sp._spill
 
         def read_chunk_p(self, i, n, t, fields=spill_mod.FIELDS):
             t0 = time.perf_counter()
             try:
                 if probe.cached_mode:   # the chunk from RAM (filled on first use): no TensorStore
-                    key = (self.key, int(i), int(n), int(t), tuple(fields))
+                    key = (id(self), int(i), int(n), int(t), tuple(fields))
                     if key not in probe.cache:
                         probe.cache[key] = read_chunk(self, i, n, t, fields)
                     return probe.cache[key]
@@ -253,7 +253,7 @@ class Probe:
             finally:
                 probe.c["spill_write_s"] += time.perf_counter() - t0
 
-        cs.read_chunk, cs._issue, cs._aged, sp.before_step = read_chunk_p, issue_p, aged_p, before_step_p
+        cs.read_chunk, ct.issue, cs._aged, sp._spill = read_chunk_p, issue_p, aged_p, before_step_p
 
         def on_duration(event, duration, *a, **k):
             if event.endswith("backend_compile_duration"):
@@ -266,10 +266,13 @@ class Probe:
 # ----------------------------------------------------------------------------- training
 
 def build(cfg, mode, data_dim, workdir, sample):
-    tr = gm.Trainer(make_model(cfg, data_dim), loss="cross_entropy", sample_input=sample, rng=jax.random.key(0))
+    backend = None
     if mode == "spill":
         kw = {} if cfg["chunk_rows"] is None else {"chunk_rows": cfg["chunk_rows"]}
-        tr.enable_spill(Path(workdir) / "tier", ram_budget_bytes=budget_bytes(cfg, data_dim), **kw)
+        backend = Tiered(Path(workdir) / "tier", ram_budget_bytes=budget_bytes(cfg, data_dim), **kw)
+    tr = gm.Trainer(make_model(cfg, data_dim), loss="cross_entropy", sample_input=sample, rng=jax.random.key(0),
+                    backend=backend)
+    tr.spill = backend
     return tr
 
 
@@ -295,7 +298,7 @@ def train(cfg, modes, data, workdir, probe=None, bar=None, sample_rss=False):
             dt = time.perf_counter() - t0
             rec = {"s": dt}
             if tr.spill is not None:
-                rec["cold_rows"] = tr.spill.cold_rows()
+                rec["cold_rows"] = tr.cold_rows()
             if probe is not None:
                 rec.update(probe.take())
             if sample_rss:
@@ -309,13 +312,14 @@ def train(cfg, modes, data, workdir, probe=None, bar=None, sample_rss=False):
     for m, tr in trainers.items():
         pred = np.asarray(tr.predict(xt))
         hot = {"/".join(p): int(mm.size) for p, mm in tr.memories().items()}   # rows held in RAM
-        cold = tr.spill.cold_rows() if tr.spill is not None else {k: 0 for k in hot}
+        cold = tr.cold_rows()
         out[m] = {"steps": recs[m], "pred": pred, "accuracy": float(np.mean(pred.argmax(-1) == yt)),
                   "rows_hot": hot, "rows_cold": cold, "rows_total": {k: hot[k] + cold[k] for k in hot},
                   "capacity": {"/".join(p): int(mm.capacity) for p, mm in tr.memories().items()},
-                  "spills": tr.spill.spills if tr.spill is not None else 0,
-                  "chunk_rows": tr.spill.chunk_rows if tr.spill is not None else None,
-                  "hot_rows_budget": tr.spill.hot_rows if tr.spill is not None else None}
+                  "spills": tr.spill._spills[0] if tr.spill is not None else 0,
+                  "chunk_rows": tr.spill.store(tr.memories()[("readout",)]).tier.chunk_rows
+                  if tr.spill is not None else None,
+                  "hot_rows_budget": tr.spill.hot_rows_per_layer if tr.spill is not None else None}
     out["_rss"] = {"rss_gb_before_training": rss_before, "peak_rss_gb_before_training": peak_before,
                    "max_sampled_rss_gb": rss_max if sample_rss else None}
     return out, trainers

@@ -12,9 +12,9 @@ from growmem.data.teacher_student import TeacherStudent
 
 def min_error(threshold):
     """Admit a candidate only if its value (the scaled error) is large; count the refusals."""
-    def admit(rows, mem, mask, state):
-        big = jnp.linalg.norm(rows.v, axis=-1) > threshold
-        return mask & big, state + jnp.sum(mask & ~big)
+    def admit(g, state):
+        big = jnp.linalg.norm(g.rows.v, axis=-1) > threshold
+        return g._replace(mask=g.mask & big), state + jnp.sum(g.mask & ~big)
     return policies.policy(f"min_error({threshold})", init=lambda mem: jnp.zeros((), jnp.int32), admit=admit)
 
 
@@ -26,10 +26,9 @@ policy = policies.chain(min_error(0.05), policies.momentum(0.6),
 
 task = TeacherStudent(seed=0)
 x_test, y_test = task.test_set(1024)
-spec = gm.GrowingSpec.make("weighted_softmax", temperature=1.0, eta=30.0, beta=0.3,
-                           init="random", init_rows=64, policy=policy)
+spec = gm.GrowingSpec.make("weighted_softmax", temperature=1.0, eta=30.0, beta=0.3, init="random", init_rows=64)
 trainer = gm.Trainer(gm.ResidualGrowingNet(d_out=1, readout=spec), loss="squared_error",
-                     sample_input=x_test[:64], rng=jax.random.key(0))
+                     sample_input=x_test[:64], rng=jax.random.key(0), policy=policy)  # passed like an optax tx
 for step in range(1, 201):
     trainer.step(*task.batch(step, 64))
     if step % 50 == 0:

@@ -32,7 +32,8 @@ def main():
         jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
 
     import growmem as gm
-    from growmem.storage.sharded import ShardedMemory, row_mesh
+    from growmem.backends.sharded import Sharded, row_mesh
+    from growmem.store import Store
 
     mesh = row_mesh()  # every device of every process, one mesh axis "rows"
     n_shards = mesh.devices.size
@@ -45,8 +46,8 @@ def main():
         rs = np.random.default_rng(i)
         rows[i] = {"w": rs.random(n, dtype=np.float32), "k": rs.standard_normal((n, d_in), dtype=np.float32),
                    "v": rs.standard_normal((n, d_out), dtype=np.float32)}
-    mem = ShardedMemory.from_shard_rows(mesh, rows, [n] * n_shards, d_in=d_in, d_out=d_out, spec=spec,
-                                        placement="least_filled")
+    mem = Store.from_shard_rows(Sharded(mesh, placement="least_filled"), rows, [n] * n_shards, d_in=d_in,
+                                d_out=d_out, spec=spec)
     rs = np.random.default_rng(1234)  # the same queries and candidates in every process
     q = rs.standard_normal((16, d_in), dtype=np.float32)
     mem.append(rs.random(32, dtype=np.float32), rs.standard_normal((32, d_in), dtype=np.float32),

@@ -3,11 +3,15 @@
     growmem train [--steps N] [--out DIR] ...   train a growing model (default: teacher-student
                                                 regression, no data to fetch); writes
                                                 metrics.json and plot.png to --out
-    growmem train --policy policies/NAME.toml   the same with a preset's layers and policy chain
-    growmem policies                            list the presets with a one-line description
+    growmem train --policy NAME|FILE.toml       the same with a preset's layers and policy chain (MNIST)
     growmem train ... --checkpoint-dir DIR [--resume]   checkpoint as it trains / continue exactly
-    growmem inspect DIR                         rows per layer, hot/cold, bytes, policy, step, format
+    growmem train ... --ram-budget 512MB [--spill-dir DIR]   rows past the budget go to disk
+    growmem policies [--copy DIR]               list the shipped presets (or copy them out to edit)
+    growmem inspect DIR                         rows per layer, hot/cold, bytes, policy, step; checksums verified
     growmem export DIR --npz FILE               every layer's rows as plain numpy + a JSON description
+    growmem continual ...                       growmem vs Avalanche's strategies on a continual stream
+
+Every failure is one line on stderr naming the problem and the fix, with a non-zero exit code.
 """
 from __future__ import annotations
 
@@ -18,10 +22,38 @@ from pathlib import Path
 from typing import List, Optional
 
 
+class UsageError(Exception):
+    """A problem with the command line or its inputs: printed as one line, exit code 2."""
+
+
+# ------------------------------------------------------------------------------------- sizes
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``"512MB"``, ``"1.5GiB"``, ``"4096"`` -> bytes (binary units: 1 MB = 2^20 B)."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a size: write e.g. 512MB, 1.5GB or 4096 (bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+# ------------------------------------------------------------------------------------- train
+
+#: ``growmem train`` options that do not change the model or the data: they may differ on --resume
+RUN_CONTROL = frozenset({"out", "steps", "eval_every", "test_size", "checkpoint_dir", "checkpoint_every", "keep",
+                         "resume", "spill_dir", "coordinator", "process_id", "download"})
+
+
 def _add_train(sub):
     p = sub.add_parser("train", help="train a growing model and write metrics.json + plot.png",
                        description="Train a growing weighted-softmax model on teacher-student regression "
-                                   "(Sec. 5 of the paper; data generated on the fly, nothing to download).")
+                                   "(Sec. 5 of the paper; data generated on the fly, nothing to download), or a "
+                                   "preset on MNIST.")
     p.add_argument("--out", type=Path, default=Path("runs/train"), help="output directory (default: runs/train)")
     p.add_argument("--steps", type=int, default=300, help="training steps (default: 300)")
     p.add_argument("--batch-size", type=int, default=None,
@@ -39,19 +71,34 @@ def _add_train(sub):
                    help="teacher-student regression (generated, the default without --policy) or MNIST "
                         "classification (the default with --policy: the presets carry classification settings)")
     p.add_argument("--data-dir", default=None,
-                   help="folder with the MNIST IDX files (else $GROWMEM_DATA, then ../shared/data/mnist)")
-    p.add_argument("--policy", default=None, metavar="PATH",
-                   help="a preset TOML (policies/NAME.toml, or just NAME; see `growmem policies`): its layers, "
-                        "policy chain and hybrid optimizer replace --kernel/--temperature/--eta/--beta/"
-                        "--momentum/--blocks")
-    from .storage.commands import add_train_arguments
-    add_train_arguments(p)  # --checkpoint-dir, --checkpoint-every, --keep, --resume
+                   help="folder with the MNIST IDX files (else $GROWMEM_DATA/mnist, then ~/.cache/growmem/mnist)")
+    p.add_argument("--download", action="store_true", help="download MNIST into the cache if it is missing")
+    p.add_argument("--policy", default=None, metavar="NAME|FILE",
+                   help="a shipped preset (see `growmem policies`) or a preset TOML file: its layers, policy chain "
+                        "and hybrid optimizer replace --kernel/--temperature/--eta/--beta/--momentum/--blocks")
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="save Orbax checkpoints (step, params, optimizer and policy state, memories) here")
+    g.add_argument("--checkpoint-every", type=int, default=None,
+                   help="steps between checkpoints (default: --eval-every); the last step is always saved")
+    g.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default: 3)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint in --checkpoint-dir (the model configuration must match)")
+    g = p.add_argument_group("memory larger than RAM")
+    g.add_argument("--ram-budget", default=None, metavar="SIZE",
+                   help="keep at most SIZE (e.g. 512MB, 2GB) of rows in RAM; older rows spill to TensorStore tiers "
+                        "on disk and training still reads them")
+    g.add_argument("--spill-dir", type=Path, default=None,
+                   help="where the spilled rows go (default: CHECKPOINT_DIR/cold, else OUT/cold)")
+    g = p.add_argument_group("several devices and machines")
+    g.add_argument("--shard", action="store_true",
+                   help="split every memory's rows over all devices (with --ram-budget: per device)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="run as one of --num-processes processes (jax.distributed; implies --shard over every "
+                        "process's devices); start the same command on every host with its --process-id")
+    g.add_argument("--num-processes", type=int, default=1, help="processes of a distributed run")
+    g.add_argument("--process-id", type=int, default=0, help="this process's index in a distributed run")
     p.set_defaults(func=cmd_train)
-
-
-def _positive(name, value):
-    if value <= 0:
-        raise SystemExit(f"growmem train: --{name} must be positive, got {value}")
 
 
 class _Task:
@@ -80,10 +127,10 @@ def _make_task(name: str, args) -> _Task:
     from .data import mnist
 
     try:
-        x, y = mnist.load("train", args.data_dir)
-        xt, yt = mnist.load("test", args.data_dir, limit=args.test_size)
-    except (FileNotFoundError, OSError) as e:
-        raise SystemExit(f"growmem train --task mnist: {e}")
+        x, y = mnist.load("train", args.data_dir, download=args.download)
+        xt, yt = mnist.load("test", args.data_dir, limit=args.test_size, download=args.download)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise UsageError(f"--task mnist: {' '.join(str(e).split())}")
     # RMS-normalised images (‖x‖ = √d), the residual stream's scale in the paper's setting
     x, xt = (a / np.sqrt(np.mean(a * a, axis=1, keepdims=True)) for a in (x, xt))
     n, b = len(x), args.batch_size
@@ -101,73 +148,143 @@ def _make_task(name: str, args) -> _Task:
                  "accuracy", {"train_samples": n, "test_samples": len(xt)}, f"{len(xt)} test images")
 
 
+def _distributed(args):
+    """Join a jax.distributed run (--coordinator): before any JAX computation."""
+    if args.coordinator is None:
+        return
+    import jax
+
+    if not 0 <= args.process_id < args.num_processes:
+        raise UsageError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
+    if jax.default_backend() == "cpu":   # cross-process collectives between CPU hosts
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
+                                   initialization_timeout=300)
+    except Exception as e:   # the coordinator is unreachable, a process is missing
+        raise UsageError(f"--coordinator {args.coordinator}: cannot join the distributed run "
+                         f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); start every process with the same "
+                         f"--coordinator and --num-processes") from None
+
+
+def _backend(args):
+    """The memories' backend: --ram-budget / --spill-dir (a disk tier), --shard / --coordinator
+    (rows split over devices), both (each device's share spills); None: in RAM."""
+    tier = _tier(args)
+    if args.shard or args.coordinator:
+        from .backends.sharded import Sharded, row_mesh
+
+        return Sharded(row_mesh(), tiered=tier)
+    return tier
+
+
+def _tier(args):
+    if args.ram_budget is None:
+        return None
+    from .backends.tiered import Tiered
+
+    try:
+        budget = parse_size(args.ram_budget)
+    except ValueError as e:
+        raise UsageError(f"--ram-budget: {e}")
+    where = args.spill_dir or (Path(args.checkpoint_dir) / "cold" if args.checkpoint_dir is not None
+                               else Path(args.out) / "cold")
+    resuming = bool(args.resume and args.checkpoint_dir is not None and _has_checkpoint(args.checkpoint_dir))
+    if resuming and not Path(where).exists():
+        raise UsageError(f"--resume: the spilled rows of this run are not at {where}; pass the --spill-dir the run used")
+    return Tiered(where, ram_budget_bytes=budget, resume=resuming, overwrite=not resuming)
+
+
+def _has_checkpoint(directory) -> bool:
+    d = Path(directory)
+    return d.is_dir() and any(c.name.isdigit() for c in d.iterdir())
+
+
 def cmd_train(args) -> int:
     import jax
-    import jax.numpy as jnp
-    from tqdm import tqdm
 
+    from . import kernels, rules
     from .layers import GrowingSpec, ResidualGrowingNet
     from .reporting import pyplot, save_figure, write_json
-    from .train import Trainer
+    from .train import Trainer, fit
 
+    _distributed(args)
     preset = None
     if args.policy is not None:
         from .config import ConfigError, load
         try:
             preset = load(args.policy)
         except ConfigError as e:
-            raise SystemExit(f"growmem train: --policy: {e}")
+            raise UsageError(f"--policy: {e}")
     if args.batch_size is None:
         args.batch_size = preset.settings["batch_size"] if preset is not None else 64
     for name in ("steps", "batch_size", "eval_every", "test_size"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     b = args.batch_size
     task_name = args.task if args.task != "auto" else ("mnist" if preset is not None else "teacher-student")
     task = _make_task(task_name, args)
     xt, yt = task.test
+    backend = _backend(args)
     if preset is not None:
-        spec, model, hybrid_tx = preset.readout, preset.model(task.d_out), preset.hybrid_tx()
+        spec = preset.readout
+        trainer = preset.trainer(xt[:b], task.d_out, rng=jax.random.key(args.seed), loss=task.loss, backend=backend)
     else:
-        if args.kernel == "weighted_softmax":
-            spec = GrowingSpec.make("weighted_softmax", temperature=args.temperature, eta=args.eta,
-                                    beta=args.beta, momentum=args.momentum, init="random", init_rows=b)
-        else:
-            spec = GrowingSpec.make("rbf", temperature=args.temperature, eta=args.eta, momentum=args.momentum)
-        model, hybrid_tx = ResidualGrowingNet(d_out=task.d_out, n_blocks=args.blocks, readout=spec), None
-    trainer = Trainer(model, loss=task.loss, sample_input=xt[:b], rng=jax.random.key(args.seed),
-                      hybrid_tx=hybrid_tx)
+        kern = kernels.get(args.kernel)
+        hyper = {k: v for k, v in (("eta", args.eta), ("beta", args.beta)) if k in rules.RULE_HYPER[kern.rules[0]]}
+        d0 = {"init": "random", "init_rows": b} if kern.normalised else {}   # D0 of F.3 for the softmax
+        spec = GrowingSpec.make(args.kernel, temperature=args.temperature, momentum=args.momentum, **hyper, **d0)
+        model = ResidualGrowingNet(d_out=task.d_out, n_blocks=args.blocks, readout=spec)
+        trainer = Trainer(model, loss=task.loss, sample_input=xt[:b], rng=jax.random.key(args.seed), backend=backend)
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
-    from .storage.commands import RUN_CONTROL, TrainCheckpoints
-    ckpts = TrainCheckpoints(args, trainer, {k: v for k, v in config.items() if k not in RUN_CONTROL},
-                             every_default=args.eval_every)  # restores the latest checkpoint with --resume
+    run_config = {k: v for k, v in config.items() if k not in RUN_CONTROL}
+    ckpt, start, extra = _checkpoints(args, trainer, run_config)
+    tier = getattr(backend, "tiered", backend)
+    if tier is not None:
+        print(f"rows past {args.ram_budget} spill to {tier.directory} "
+              f"({tier.hot_rows_per_layer} hot rows per layer{' and device' if tier is not backend else ''})")
+    if getattr(backend, "n_shards", 1) > 1:
+        print(f"every memory's rows split over {backend.n_shards} devices ({jax.process_count()} processes)")
 
-    def test_loss():
+    def test_metric():
         return task.metric(trainer.predict(xt), yt)
 
-    curve = ckpts.extra["curve"] if ckpts.extra else [[0, test_loss()]]
-    train_curve = ckpts.extra["train_curve"] if ckpts.extra else []
-    t0 = time.perf_counter()
-    with tqdm(total=args.steps, initial=ckpts.start, desc="growmem train", unit="step", dynamic_ncols=True) as bar:
-        for step in range(ckpts.start + 1, args.steps + 1):
-            x, y = task.batch(step, b)
-            m = trainer.step(x, y)
-            if step % args.eval_every == 0 or step == args.steps:
-                train_curve.append([step * b, float(m["loss"])])
-                curve.append([step * b, test_loss()])
-                bar.set_postfix({task.metric_name: f"{curve[-1][1]:.4g}", "rows": sum(trainer.rows_in_use().values())})
-            bar.update(1)
-            ckpts.after_step(step, extra={"curve": curve, "train_curve": train_curve},
-                             policy={"preset": args.policy, "policy": repr(spec.policy)} if args.policy else None)
-    ckpts.close()
-    seconds = time.perf_counter() - t0
+    curve = extra["curve"] if extra else [[0, test_metric()]]
+    train_curve = extra["train_curve"] if extra else []
+    last_loss = {}
+
+    def on_step(step, m):
+        last_loss["loss"] = m["loss"]
+
+    def evaluate(step):
+        train_curve.append([step * b, float(last_loss["loss"])])
+        curve.append([step * b, test_metric()])
+        return {task.metric_name: curve[-1][1], "rows": sum(trainer.rows_in_use().values())}
+
+    policy_desc = {"preset": args.policy, "policy": repr(trainer.memories()[("readout",)].policy)} \
+        if args.policy else None
+    def checkpoint(step):
+        ckpt.save(trainer, step, data_position={"step": step}, config=run_config, policy=policy_desc,
+                  extra={"curve": curve, "train_curve": train_curve})
+
+    try:
+        out = fit(trainer, lambda step: task.batch(step, b), steps=args.steps, start=start,
+                  checkpoint=checkpoint if ckpt is not None else None, every=args.checkpoint_every or args.eval_every,
+                  on_step=on_step, evaluate=evaluate, eval_every=args.eval_every, progress=True,
+                  desc="growmem train")
+    finally:
+        if ckpt is not None:
+            ckpt.close()
+    seconds = out["seconds"]
     metrics = {"task": task_name, "config": config, "spec": repr(spec), "metric": task.metric_name,
                "test_curve": curve, "train_curve": train_curve,
                ("final_test_loss" if task.metric_name == "mse" else f"final_test_{task.metric_name}"): curve[-1][1],
-               **task.info,
-               "rows": trainer.rows_in_use(), "seconds": seconds,
-               "steps_per_second": (args.steps - ckpts.start) / seconds}
-    out = Path(args.out)
-    write_json(out / "metrics.json", metrics)
+               **task.info, "rows": trainer.rows_in_use(), "seconds": seconds,
+               "steps_per_second": out["steps_per_second"], "policy": policy_desc}
+    outdir = Path(args.out)
+    if jax.process_index() != 0:   # one process of a distributed run writes the results
+        return 0
+    write_json(outdir / "metrics.json", metrics)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(*zip(*curve), marker="o", label=f"test {task.metric_name}")
@@ -181,39 +298,129 @@ def cmd_train(args) -> int:
     model_desc = f"preset {Path(args.policy).stem}" if preset is not None else f"{args.kernel}, L={args.blocks}"
     ax.set_title(f"growmem train: {task_name}, {model_desc}")
     ax.legend()
-    save_figure(fig, out / "plot.png")
-    print(f"final test {task.metric_name} {curve[-1][1]:.4g} ({task.describe}); "
-          f"rows {trainer.rows_in_use()}; {(args.steps - ckpts.start) / seconds:.1f} steps/s")
-    print(f"wrote {out / 'metrics.json'} and {out / 'plot.png'}")
+    save_figure(fig, outdir / "plot.png")
+    rate = f"{out['steps_per_second']:.1f} steps/s" if out["steps_per_second"] else "no steps run"
+    print(f"final test {task.metric_name} {curve[-1][1]:.4g} ({task.describe}); rows {trainer.rows_in_use()}; {rate}")
+    print(f"wrote {outdir / 'metrics.json'} and {outdir / 'plot.png'}")
     return 0
 
 
+def _checkpoints(args, trainer, config):
+    """``(Checkpointer or None, start step, extra)``: opens --checkpoint-dir, restores with --resume."""
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir")
+    if args.checkpoint_dir is None:
+        return None, 0, None
+    if args.checkpoint_every is not None and args.checkpoint_every <= 0:
+        raise UsageError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
+    from .checkpoint import CheckpointError, Checkpointer
+
+    try:
+        ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)
+        latest = ckpt.latest_step()
+        if not args.resume:
+            if latest is not None:
+                raise UsageError(f"{args.checkpoint_dir} already holds checkpoints (latest step {latest}); pass "
+                                 f"--resume to continue, or another --checkpoint-dir")
+            return ckpt, 0, None
+        if latest is None:
+            print(f"no checkpoint in {args.checkpoint_dir}: starting from step 0")
+            return ckpt, 0, None
+        r = ckpt.restore(trainer, config=config)
+        print(f"resumed from step {r.step} of {args.checkpoint_dir}")
+        return ckpt, r.step, r.extra
+    except CheckpointError as e:
+        raise UsageError(str(e))
+
+
+# ------------------------------------------------------------------------------------- policies, inspect, export
+
 def _add_policies(sub):
     p = sub.add_parser("policies", help="list the preset TOML files (growth policies) with a one-line description",
-                       description="List the presets in policies/ usable with `growmem train --policy NAME`.")
+                       description="List the shipped presets usable with `growmem train --policy NAME`.")
     p.add_argument("--dir", type=Path, default=None, help="list the presets in this folder instead")
+    p.add_argument("--copy", type=Path, default=None, metavar="DIR",
+                   help="copy the shipped presets into DIR (to edit them and pass --policy DIR/NAME.toml)")
     p.set_defaults(func=cmd_policies)
 
 
 def cmd_policies(args) -> int:
-    from .config import available
+    from .config import PRESET_DIR, available
+
+    if args.copy is not None:
+        import shutil
+
+        args.copy.mkdir(parents=True, exist_ok=True)
+        for name, path, _ in available():
+            target = args.copy / f"{name}.toml"
+            if target.exists():
+                raise UsageError(f"{target} exists; remove it or copy into another folder")
+            shutil.copyfile(path, target)
+        print(f"copied {len(available())} presets from {PRESET_DIR} to {args.copy}")
+        return 0
     presets = available(args.dir)
     if not presets:
-        print("no presets found")
-        return 1
+        raise UsageError(f"no presets found in {args.dir or PRESET_DIR}")
     width = max(len(name) for name, _, _ in presets)
     for name, _, desc in presets:
         print(f"{name:{width}s}  {desc}")
     return 0
 
 
+def _add_storage(sub):
+    p = sub.add_parser("inspect", help="summarise a checkpoint directory (checksums verified)",
+                       description="Rows per layer, hot/cold split, bytes, policy, step, created-at and format "
+                                   "version of a growmem checkpoint (the latest by default); every checksum is "
+                                   "verified.")
+    p.add_argument("dir", type=Path, help="checkpoint directory (as given to --checkpoint-dir)")
+    p.add_argument("--step", type=int, default=None, help="a specific step (default: latest)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_inspect)
+    p = sub.add_parser("export", help="write every layer's rows to a plain .npz",
+                       description="Rows of every layer as numpy arrays (<layer>/w, /k, /v, /born) plus a JSON "
+                                   "description of kernels and temperatures (__description__ in the npz, and "
+                                   "FILE.json beside it).")
+    p.add_argument("dir", type=Path, help="checkpoint directory")
+    p.add_argument("--npz", type=Path, required=True, help="output file (written under exactly this name)")
+    p.add_argument("--step", type=int, default=None, help="a specific step (default: latest)")
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_inspect(args) -> int:
+    import json
+
+    from .checkpoint import CheckpointError, format_inspect, inspect
+
+    try:
+        info = inspect(args.dir, args.step)
+    except CheckpointError as e:
+        raise UsageError(str(e))
+    print(json.dumps(info, indent=2) if args.json else format_inspect(info))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .checkpoint import CheckpointError, export
+
+    try:
+        desc = export(args.dir, args.npz, args.step)
+    except CheckpointError as e:
+        raise UsageError(str(e))
+    rows = {k: v["rows"] for k, v in desc["layers"].items()}
+    print(f"wrote {args.npz} (step {desc['step']}, rows {rows}) and {args.npz}.json")
+    return 0
+
+
+# ------------------------------------------------------------------------------------- main
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="growmem", description="Continual learning with growing memories.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
     _add_policies(sub)
-    from .storage.commands import add_commands
-    add_commands(sub)  # inspect, export
+    _add_storage(sub)
+    from .continual.cli import add_parser as add_continual
+    add_continual(sub)
     return ap
 
 
@@ -223,7 +430,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"growmem {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -53,15 +53,23 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import optax
 
-from . import kernels, layers, policies, rules, train
+from . import kernels, layers, memory, policies, rules, train
 
 
 class ConfigError(ValueError):
     """A preset file is invalid; the message names the file, the key and what is allowed."""
 
 
-#: where the shipped presets live (the repository's ``policies/`` folder)
-PRESET_DIR = Path(__file__).resolve().parent.parent / "policies"
+def _preset_dir() -> Path:
+    """Where the shipped presets live: the package ``growmem.presets`` (the repository's
+    ``policies/`` folder, installed into the wheel under that name; see pyproject.toml)."""
+    import importlib.resources
+
+    return Path(str(importlib.resources.files("growmem.presets")))
+
+
+#: where the shipped presets live
+PRESET_DIR = _preset_dir()
 
 
 # ------------------------------------------------------------------------------------- schema
@@ -117,6 +125,7 @@ LAYER = {
     "init_rows": _num(1, kind="int"),
     "chunk": _num(1, kind="int"),
     "hybrid": Field("bool", "true or false"),
+    "row_dtype": _enum(*memory.ROW_DTYPES),
 }
 POLICIES = {
     "novelty": {"tau": _num(0), "relative": Field("bool", "true or false"),
@@ -176,7 +185,13 @@ def _validate(path, section: str, table, schema: Dict[str, Field]) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A validated preset: build its model with :meth:`model`, its trainer with :meth:`trainer`."""
+    """A validated preset: build its model with :meth:`model`, its policies with :meth:`policies`
+    and its trainer with :meth:`trainer`.
+
+    ``policy_chain`` is the ``[[policy]]`` chain; layers with ``hybrid = true`` get it followed by
+    :func:`growmem.policies.hybrid` with the ``[hybrid]`` optimizer. A new policy is built on every
+    call (policies are passed to the trainer like an optax ``tx``).
+    """
 
     path: str
     description: str
@@ -188,7 +203,8 @@ class Preset:
     capacity: int = 256
     hybrid: Tuple[Tuple[str, Any], ...] = ()
     train: Tuple[Tuple[str, Any], ...] = ()
-    policy_chain: Optional[policies.Policy] = None
+    policy_entries: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...] = ()
+    hybrid_layers: Tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -199,9 +215,15 @@ class Preset:
         """Training settings (batch_size, epochs, loss, seed) with their defaults."""
         return {"batch_size": 16, "epochs": 1.0, "loss": "cross_entropy", "seed": 0, **dict(self.train)}
 
+    @property
+    def policy_chain(self) -> Optional[policies.Policy]:
+        """The ``[[policy]]`` chain (None when the preset has none)."""
+        built = [policies.BUILTINS[name](**dict(params)) for name, params in self.policy_entries]
+        return policies.chain(*built) if built else None
+
     def hybrid_tx(self) -> Optional[optax.GradientTransformation]:
         """The optimizer of hybrid layers' stored rows (None when no layer is hybrid)."""
-        if not (self.block.hybrid or self.readout.hybrid):
+        if not self.hybrid_layers:
             return None
         h = {"optimizer": "adam", "learning_rate": 1e-3, **dict(self.hybrid)}
         lr = h["learning_rate"]
@@ -212,23 +234,42 @@ class Preset:
             return optax.adamw(lr, weight_decay=h.get("weight_decay", 1e-4), **kw)
         return optax.adam(lr, **kw)
 
+    def policies(self):
+        """The trainer's ``policy`` argument: one policy for every layer, or a function of the
+        layer path when only the blocks or only the readout are hybrid."""
+        chain = self.policy_chain
+        if not self.hybrid_layers:
+            return chain
+        members = [] if chain is None else [chain]
+
+        def hybrid_chain():
+            return policies.chain(*members, policies.hybrid(self.hybrid_tx()))
+
+        if set(self.hybrid_layers) == {"block", "readout"}:
+            return hybrid_chain()
+        return lambda path: hybrid_chain() if (path == "readout") == ("readout" in self.hybrid_layers) else chain
+
     def model(self, d_out: int) -> layers.ResidualGrowingNet:
         act = {"none": None, **{k: layers.ACTIVATIONS[k] for k in ("relu", "gelu")}}[self.nonlinearity]
         return layers.ResidualGrowingNet(d_out=d_out, n_blocks=self.n_blocks, block=self.block,
                                          readout=self.readout, capacity=self.capacity, nonlinearity=act,
                                          normalize=self.normalize)
 
-    def trainer(self, sample_input, d_out: int, rng=None) -> train.Trainer:
+    def trainer(self, sample_input, d_out: int, rng=None, *, loss=None, **kwargs) -> train.Trainer:
+        """A :class:`growmem.Trainer` of this preset's model and policies (``loss`` overrides
+        the preset's; other keywords go to the Trainer, e.g. ``backend=``)."""
         import jax
         rng = jax.random.key(self.settings["seed"]) if rng is None else rng
-        return train.Trainer(self.model(d_out), loss=self.settings["loss"], sample_input=sample_input, rng=rng,
-                             hybrid_tx=self.hybrid_tx())
+        return train.Trainer(self.model(d_out), loss=loss or self.settings["loss"], sample_input=sample_input,
+                             rng=rng, policy=self.policies(), **kwargs)
 
 
-def _build_policy(path, entries) -> Optional[policies.Policy]:
+def _build_policy(path, entries) -> tuple:
+    """The validated ``[[policy]]`` entries ``((name, ((key, value), ...)), ...)``; each is built
+    once here so that impossible combinations fail at load time."""
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: key 'policy' must be an array of tables ([[policy]])")
-    built = []
+    built, entries_out = [], []
     for i, entry in enumerate(entries):
         where = f"policy[{i}]"
         if not isinstance(entry, dict):
@@ -248,39 +289,58 @@ def _build_policy(path, entries) -> Optional[policies.Policy]:
             built.append(policies.BUILTINS[name](**params))
         except ValueError as e:
             raise ConfigError(f"{path}: key '{where}': {e}") from None
-    return policies.chain(*built) if built else None
+        entries_out.append((name, tuple(sorted(params.items()))))
+    try:
+        policies.chain(*built)
+    except ValueError as e:
+        raise ConfigError(f"{path}: key 'policy': {e}") from None
+    return tuple(entries_out)
 
 
-def _spec(path, section: str, table: dict, pol, batch_size: int) -> layers.GrowingSpec:
+def _spec(path, section: str, table: dict, batch_size: int) -> layers.GrowingSpec:
     table = dict(table)
+    table.pop("hybrid", None)
     if table.get("init", "empty") != "empty":
         table.setdefault("init_rows", batch_size)
     kernel = table.pop("kernel", "weighted_softmax")
     rule = table.pop("rule", None)
-    rule = rule or ("sgd" if kernel in ("linear", "rbf") else "weighted_softmax")
+    rule = rule or kernels.get(kernel).rules[0]
     extra = set(table) & (set(LAYER) - {"temperature", "grad_unit", "momentum", "init", "init_rows", "chunk",
-                                        "hybrid"})
+                                        "row_dtype"})
     bad = extra - rules.RULE_HYPER[rule]
     if bad:
         key = sorted(bad)[0]
         raise ConfigError(f"{path}: key '{section}.{key}' does not apply to rule {rule!r}; allowed: "
                           f"{', '.join(sorted(rules.RULE_HYPER[rule]))}")
     try:
-        return layers.GrowingSpec.make(kernel, rule, policy=pol, **table)
+        return layers.GrowingSpec.make(kernel, rule, **table)
     except ValueError as e:
         raise ConfigError(f"{path}: [{section}] {e}") from None
 
 
 def resolve(name_or_path) -> Path:
-    """A preset path: an existing file, or the name of a shipped preset (``hybrid``)."""
-    p = Path(name_or_path)
+    """A preset path: the name of a shipped preset (``hybrid``), or a path to a file.
+
+    Anything that looks like a path (it has a folder part or ends in ``.toml``) must exist: it
+    is never replaced by a shipped preset of the same name."""
+    text = str(name_or_path)
+    p = Path(text)
+    looks_like_path = p.suffix == ".toml" or len(p.parts) > 1 or text.startswith(".")
+    if looks_like_path:
+        if p.is_file():
+            return p
+        if p.is_dir():
+            raise ConfigError(f"{text}: is a folder, not a preset file; pass policies/NAME.toml or a shipped "
+                              f"preset name ({', '.join(n for n, _, _ in available())})")
+        raise ConfigError(f"{text}: no such preset file; check the path, or use a shipped preset by name: "
+                          f"{', '.join(n for n, _, _ in available()) or 'none'}")
+    cand = PRESET_DIR / f"{p.name}.toml"
+    if cand.is_file():
+        return cand
     if p.is_file():
         return p
-    for cand in (PRESET_DIR / p.name, PRESET_DIR / f"{p.name}.toml"):
-        if cand.is_file():
-            return cand
-    raise ConfigError(f"{name_or_path}: no such preset file; shipped presets ({PRESET_DIR}): "
-                      f"{', '.join(n for n, _, _ in available()) or 'none'}")
+    raise ConfigError(f"{text}: no shipped preset of that name ({PRESET_DIR}); choose one of: "
+                      f"{', '.join(n for n, _, _ in available()) or 'none'}, or pass a path to a .toml file")
 
 
 def load(name_or_path) -> Preset:
@@ -289,8 +349,10 @@ def load(name_or_path) -> Preset:
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML ({e}); see `growmem policies --copy DIR` for examples") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the preset: {e.strerror or e}") from None
     unknown = set(doc) - TOP
     if unknown:
         raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; allowed top-level keys: "
@@ -303,16 +365,20 @@ def load(name_or_path) -> Preset:
     readout = {**layer, **_validate(path, "readout", doc.get("readout", {}), LAYER)}
     hybrid = _validate(path, "hybrid", doc.get("hybrid", {}), HYBRID)
     tr = _validate(path, "train", doc.get("train", {}), TRAIN)
-    pol = _build_policy(path, doc.get("policy", []))
+    entries = _build_policy(path, doc.get("policy", []))
     bs = tr.get("batch_size", 16)
-    block_spec = _spec(path, "layer", layer, pol, bs)
-    readout_spec = _spec(path, "readout", readout, pol, bs)
-    if hybrid and not (block_spec.hybrid or readout_spec.hybrid):
+    block_spec = _spec(path, "layer", layer, bs)
+    readout_spec = _spec(path, "readout", readout, bs)
+    hybrid_layers = tuple(n for n, t in (("block", layer), ("readout", readout)) if t.get("hybrid"))
+    if hybrid and not hybrid_layers:
         raise ConfigError(f"{path}: key 'hybrid' configures an optimizer but no layer sets hybrid = true; "
                           f"allowed: add 'hybrid = true' to [layer] or remove [hybrid]")
+    if hybrid_layers and "float32" not in {block_spec.row_dtype, readout_spec.row_dtype}:
+        raise ConfigError(f"{path}: hybrid rows are trained by an optimizer and must be float32; "
+                          f"allowed: row_dtype = 'float32' with hybrid = true")
     return Preset(path=str(path), description=desc.strip().splitlines()[0], block=block_spec,
                   readout=readout_spec, hybrid=tuple(sorted(hybrid.items())), train=tuple(sorted(tr.items())),
-                  policy_chain=pol, **model)
+                  policy_entries=entries, hybrid_layers=hybrid_layers, **model)
 
 
 def available(directory=None) -> List[Tuple[str, str, str]]:
@@ -323,7 +389,7 @@ def available(directory=None) -> List[Tuple[str, str, str]]:
         try:
             with open(p, "rb") as f:
                 desc = str(tomllib.load(f).get("description", "")).strip().splitlines()[0]
-        except (tomllib.TOMLDecodeError, IndexError):
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, IndexError, OSError):
             desc = "(invalid preset)"
         out.append((p.stem, str(p), desc))
     return out

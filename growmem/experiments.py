@@ -6,7 +6,6 @@ Each ``run_*`` trains one model on fresh teacher samples for ``steps`` steps of
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, Dict, List, Optional
 
 import jax
@@ -14,34 +13,31 @@ import optax
 
 from .data.teacher_student import TeacherStudent
 from .layers import GrowingSpec, ParametricSoftmax, ResidualGrowingNet, TeacherMLP
-from .train import Trainer, squared_error
+from .train import Trainer, fit, squared_error
 
 
 def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eval_every: int,
           test, progress: Optional[Callable[[int], None]] = None, stream_seed: int = 1) -> Dict:
+    """Train on fresh teacher samples with :func:`growmem.train.fit`; the test-MSE curve."""
     xt, yt = test
-    curve: List[List[float]] = []
     train_loss = []
 
     def evaluate(step):
-        pred = trainer.predict(xt)
-        mse = float(squared_error(pred, yt))
-        curve.append([step * batch, mse if math.isfinite(mse) else float("inf")])
+        mse = float(squared_error(trainer.predict(xt), yt))
+        return {"mse": mse if math.isfinite(mse) else float("inf")}
 
-    evaluate(0)
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        x, y = task.batch(step, batch, stream_seed)
-        m = trainer.step(x, y)
+    def on_step(step, m):
         if step % eval_every == 0 or step == steps:
             train_loss.append([step * batch, float(m["loss"])])
-            evaluate(step)
-            if not math.isfinite(curve[-1][1]):
-                break  # diverged: the rest of the run cannot recover
         if progress:
             progress(1)
+
+    first = evaluate(0)["mse"]
+    out = fit(trainer, lambda step: task.batch(step, batch, stream_seed), steps=steps, on_step=on_step,
+              evaluate=evaluate, eval_every=eval_every)   # a diverged run stops: it cannot recover
+    curve = [[0, first]] + [[e["step"] * batch, e["mse"]] for e in out["evals"]]
     return {"curve": curve, "train_loss": train_loss, "final_test_loss": curve[-1][1],
-            "seconds": time.perf_counter() - t0, "rows": trainer.rows_in_use()}
+            "seconds": out["seconds"], "rows": trainer.rows_in_use()}
 
 
 def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None) -> GrowingSpec:

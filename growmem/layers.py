@@ -16,37 +16,38 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from . import kernels, memory as memlib, policies, rules
+from . import backends, kernels, memory as memlib, policies, rules
 
 GRAD_UNITS = ("per_sample", "batch_mean")
 INITS = ("empty", "random", "zeros")
 #: rows preallocated per growing layer before the first geometric growth
 DEFAULT_CAPACITY = 4096
-_KERNEL_RULES = {"linear": ("sgd",), "rbf": ("sgd",), "weighted_softmax": ("weighted_softmax", "gauge")}
 
 
 @dataclasses.dataclass(frozen=True)
 class GrowingSpec:
     """Static description of one growing layer (hashable: it lives in the pytree metadata).
 
-    kernel       ``linear`` | ``rbf`` | ``weighted_softmax``
+    kernel       a name in :data:`growmem.kernels.KERNELS`: ``linear`` | ``rbf`` | ``weighted_softmax``
     temperature  ``T`` of Eq. 8 / Alg. 5 (ignored by ``linear``)
-    rule         ``sgd`` (linear, rbf) | ``weighted_softmax`` (Alg. 3) | ``gauge`` (Alg. 2)
+    rule         one of the kernel's rules: ``sgd`` (linear, rbf) | ``weighted_softmax`` (Alg. 3) |
+                 ``gauge`` (Alg. 2)
     hyper        rule hyperparameters as sorted ``(name, value)`` pairs (η, β, α, clip, eps)
     grad_unit    ``per_sample``: rules see ``g_n = ∂ℓ_n/∂s_n`` (the unit of Algs. 3–5; the
                  trainer multiplies the batch-mean gradient by B); ``batch_mean``: rules
                  see ``∂(mean loss)/∂s_n = g_n / B`` (the unit of the paper's gauge settings)
-    momentum     μ of the timestamp momentum (Eq. 23/91); 0 disables it
+    momentum     μ of the timestamp momentum (Eq. 23/91); 0 disables it (or use the
+                 :func:`growmem.policies.momentum` policy — not both)
     init         D0: ``empty``; ``random`` (F.3: ``init_rows`` RMS-normalised N(0,1) keys
                  and values, w = 1/init_rows); ``zeros`` (F.4: zero keys and values, w = 1/B)
     init_rows    rows of D0 (the paper uses the batch size B)
     chunk        upper bound on rows per retrieval chunk (kernels.chunk_rows sizes chunks to the cache)
-    policy       a :class:`growmem.policies.Policy` (or a chain) deciding which candidate rows
-                 enter, what fades or leaves, and the per-row retrieval coefficient; None =
-                 append every candidate (plain functional gradient descent)
-    hybrid       Alg. 4: the stored rows ``(w, k, ṽ)`` are also trained, from the same backward
-                 pass, by the trainer's ``hybrid_tx`` (Adam by default); ``w`` is projected back
-                 to ``w ≥ 0`` after every optimizer step (weighted softmax)
+    row_dtype    ``float32`` | ``bfloat16``: how keys and values are stored (``w`` stays float32;
+                 retrieval accumulates in float32). bfloat16 halves the bytes a step reads and a
+                 memory costs
+
+    Which rows enter, leave or are trained is the job of a :class:`growmem.policies.Policy`, given
+    to the trainer (``Trainer(model, policy=...)``), not of the spec.
     """
 
     kernel: str = "weighted_softmax"
@@ -58,41 +59,41 @@ class GrowingSpec:
     init: str = "empty"
     init_rows: int = 0
     chunk: int = kernels.DEFAULT_CHUNK
-    policy: Any = None
-    hybrid: bool = False
+    row_dtype: str = "float32"
 
     def __post_init__(self):
-        if self.kernel not in _KERNEL_RULES:
-            raise ValueError(f"unknown kernel {self.kernel!r}; choose one of {sorted(_KERNEL_RULES)}")
-        if self.rule not in _KERNEL_RULES[self.kernel]:
-            raise ValueError(f"rule {self.rule!r} does not fit kernel {self.kernel!r}; "
-                             f"use one of {_KERNEL_RULES[self.kernel]}")
+        kern = kernels.get(self.kernel)
+        if self.rule not in kern.rules:
+            raise ValueError(f"rule {self.rule!r} does not fit kernel {self.kernel!r}; use one of {kern.rules}")
         allowed = rules.RULE_HYPER[self.rule]
         unknown = {k for k, _ in self.hyper} - allowed
         if unknown:
             raise ValueError(f"rule {self.rule!r} takes hyperparameters {sorted(allowed)}, got {sorted(unknown)}")
+        for k, v in self.hyper:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"rule hyperparameter {k} must be a finite number, got {v!r}")
         if self.grad_unit not in GRAD_UNITS:
             raise ValueError(f"grad_unit must be one of {GRAD_UNITS}, got {self.grad_unit!r}")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.init != "empty" and self.init_rows <= 0:
             raise ValueError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
-        if self.kernel != "linear" and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if kern.uses_temperature and not (isinstance(self.temperature, (int, float)) and
+                                          math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
         if self.chunk <= 0:
             raise ValueError(f"chunk must be positive, got {self.chunk}")
-        if self.policy is not None and not isinstance(self.policy, policies.Policy):
-            raise TypeError(f"policy must be a growmem.policies.Policy (e.g. policies.chain(...)), "
-                            f"got {type(self.policy).__name__}")
-        if not isinstance(self.hybrid, bool):
-            raise TypeError(f"hybrid must be a bool, got {self.hybrid!r}")
+        memlib.row_dtype(self.row_dtype)
 
     @classmethod
     def make(cls, kernel="weighted_softmax", rule=None, **kw) -> "GrowingSpec":
         """Build a spec; rule hyperparameters (eta, beta, alpha, clip, eps) go in as keywords."""
-        rule = rule or ("sgd" if kernel in ("linear", "rbf") else "weighted_softmax")
+        if "policy" in kw or "hybrid" in kw:
+            raise TypeError("a GrowingSpec no longer holds a policy: pass it to the trainer, "
+                            "Trainer(model, policy=...) (hybrid rows: policies.hybrid(tx) in the chain)")
+        rule = rule or kernels.get(kernel).rules[0]
         hyper = {k: kw.pop(k) for k in list(kw) if k in rules.RULE_HYPER.get(rule, ())}
         return cls(kernel=kernel, rule=rule, hyper=tuple(sorted(hyper.items())), **kw)
 
@@ -110,17 +111,11 @@ def rms_norm(x, eps: float = 1e-6):
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
 
 
-def momentum_coeff(born, t, mu: float):
-    """Eq. 23/91: ``c(t, born) = (1 - μ^{t - born + 1}) / (1 - μ)``; 1 for initial rows (born < 0)."""
-    age = jnp.maximum(t - born, 0).astype(jnp.float32)
-    c = (1.0 - mu ** (age + 1.0)) / (1.0 - mu)
-    return jnp.where(born < 0, 1.0, c)
-
-
 def init_memory(spec: GrowingSpec, d_in: int, d_out: int, capacity: int, key) -> memlib.Memory:
     """The layer's D0 (Alg. 3 / F.3, F.4) in a memory of the given capacity."""
+    rd = memlib.row_dtype(spec.row_dtype)
     if spec.init == "empty":
-        return memlib.empty(d_in, d_out, capacity, spec=spec)
+        return memlib.empty(d_in, d_out, capacity, row_dtype=rd, spec=spec)
     b = spec.init_rows
     w = jnp.full((b,), 1.0 / b)
     if spec.init == "random":
@@ -128,53 +123,25 @@ def init_memory(spec: GrowingSpec, d_in: int, d_out: int, capacity: int, key) ->
         k = rms_norm(jax.random.normal(kk, (b, d_in)))
         v = rms_norm(jax.random.normal(kv, (b, d_out)))
         # the table stores ṽ = w·v for the weighted softmax (Eq. 8)
-        v = v * w[:, None] if spec.kernel == "weighted_softmax" else v
+        v = v * w[:, None] if kernels.get(spec.kernel).normalised else v
     else:
         k, v = jnp.zeros((b, d_in)), jnp.zeros((b, d_out))
-    return memlib.from_rows(w, k, v, capacity=max(capacity, b), spec=spec)
-
-
-def retrieval_coeff(mem: memlib.Memory, t=None):
-    """``(C,)`` per-row coefficients ``c_i`` (momentum, the policy's ``coeff``) or None."""
-    spec = mem.spec
-    pol = spec.policy
-    if t is not None:
-        mem = mem.replace(t=jnp.asarray(t, jnp.int32))
-    coeff = None
-    if spec.momentum > 0:
-        if pol is None:
-            coeff = momentum_coeff(mem.born, mem.t, spec.momentum)
-        else:  # the stored rows may decay: Eq. 100
-            coeff = policies.momentum_coefficients(mem.born, mem.t, spec.momentum, pol.retention)
-    if pol is not None:
-        c = pol.coeff(mem, pol.retention)
-        if c is not None:
-            coeff = c if coeff is None else coeff * c
-    return coeff
+    return memlib.from_rows(w, k, v, capacity=max(capacity, b), spec=spec, row_dtype=rd)
 
 
 def retrieve(mem: memlib.Memory, q, t=None):
     """Kernel retrieval over a memory, with its momentum / policy coefficients (no ``W0 q``).
 
-    A memory with a cold tier (``mem.cold``, rows spilled to disk by
-    :mod:`growmem.storage.spill`) merges the cold rows' partial result with the hot rows'
-    (log-sum-exp rule for the weighted softmax, a sum otherwise).
+    Wherever the rows live (in RAM, sharded over a mesh, partly on disk: ``mem.backend``),
+    the partial results are merged by the kernel's rule; the stored rows are differentiated
+    only when the memory's policy trains them (hybrid, Alg. 4).
     """
-    spec = mem.spec
-    coeff = retrieval_coeff(mem, t)
-    if mem.shards is not None:  # per-shard partial results merged across the mesh
-        return mem.shards.retrieve(mem, q, coeff)
-    if mem.cold is None:
-        return kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
-                                coeff=coeff, size=mem.size, chunk=spec.chunk)
-    clock = mem.t if t is None else jnp.asarray(t, jnp.int32)
-    cold = mem.cold.parts(q, clock, spec)
-    if spec.kernel == "weighted_softmax":
-        hot = kernels.weighted_softmax_parts(q, mem.k, mem.v, mem.w, temperature=spec.temperature, coeff=coeff,
-                                             size=mem.size, chunk=spec.chunk)
-        return kernels.finish_parts(kernels.merge_parts([cold, hot]))
-    return cold + kernels.retrieve(spec.kernel, q, mem.k, mem.v, mem.w, temperature=spec.temperature,
-                                   coeff=coeff, size=mem.size, chunk=spec.chunk)
+    if t is not None:
+        mem = mem.replace(t=jnp.asarray(t, jnp.int32))
+    kern = kernels.get(mem.spec.kernel)
+    row_grads = mem.policy is not None and mem.policy.trains_rows
+    p = backends.of(mem).reduce(kern, mem, q, policies.coefficient_fn(mem.spec, mem.policy), row_grads=row_grads)
+    return kern.finish(p)
 
 
 class GrowingLayer(nn.Module):
@@ -199,12 +166,12 @@ class GrowingLayer(nn.Module):
         if mem.d_in != d_in:
             raise ValueError(f"{self.name}: memory keys have d_in={mem.d_in} but the query has {d_in}")
         s = retrieve(mem, q)
-        if self.spec.kernel == "linear":
+        if kernels.get(self.spec.kernel).base_weight:
             w0 = self.variable("frozen", "W0", lambda: nn.initializers.lecun_normal()(
                 self.make_rng("params"), (d_in, self.d_out))).value
-            if self.spec.policy is not None and self.spec.policy.retention != 1.0:
+            if mem.policy is not None and mem.policy.retention != 1.0:
                 # weight decay shrinks W0 too: (1-γ)^t W0 (Eq. 100)
-                s = s + (self.spec.policy.retention ** mem.t) * (q @ w0)
+                s = s + (mem.policy.retention ** mem.t) * (q @ w0)
             else:
                 s = s + q @ w0
         s = self.perturb("s", s)

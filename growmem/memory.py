@@ -7,32 +7,44 @@ through the capacity; the number of rows in use lives on the device in
 ``size``.
 
 Shapes (C = capacity):
-    w:    (C,)          scalar weight (weighted softmax); 1 for RBF/linear rows
-    k:    (C, d_in)     key
-    v:    (C, d_out)    value: ṽ = w·v for weighted softmax (Eq. 8), v otherwise
+    w:    (C,)          scalar weight (weighted softmax); 1 for RBF/linear rows; float32
+    k:    (C, d_in)     key, stored in the row dtype (float32, or bfloat16 to halve the bytes)
+    v:    (C, d_out)    value: ṽ = w·v for weighted softmax (Eq. 8), v otherwise; row dtype
     born: (C,)          step that created the row (int32; -1 for initial rows D0)
-    size: ()            rows in use (int32); rows [size, C) are unused padding
+    size: ()            rows in use (int32); rows [size, C) are unused padding (all zero)
     t:    ()            the memory's clock: training steps completed (int32); rows
                         appended by step t+1 are born t+1
-    cold: None, or a view of older rows that spilled to a TensorStore tier
-          (:mod:`growmem.storage.spill`): retrieval and novelty search see them too
-    shards: None, or the mesh axis the rows are sharded over (static; rows
-          ``[s·C/S, (s+1)·C/S)`` live on shard ``s``)
+    ext:  whatever the memory's backend needs inside a jitted step (e.g. how many rows a
+          disk tier holds; :mod:`growmem.backends`), or None
+
+Static metadata (part of the pytree structure, so part of every jitted program):
+    spec:    the layer's :class:`growmem.GrowingSpec` (kernel, temperature, rule...)
+    policy:  the :class:`growmem.policies.Policy` that grows it (installed by the trainer), or None
+    backend: where the rows live (:mod:`growmem.backends`); None means in RAM on one device
+
+Row order: appends pack admitted rows after ``size`` in batch order; :func:`select`
+compacts kept rows in order; :func:`evict_and_append` (a policy step that evicts) puts new
+rows into the holes evicted rows leave, so the table is in arrival order only until the
+first eviction — ``born`` always tells the order.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax import lax
 
 #: rows are always allocated in multiples of this many (and chunked by it)
 ROW_QUANTUM = 256
 #: ``born`` of rows that belong to the initial database D0: never momentum-scaled
 BORN_INITIAL = -1
+#: row storage dtypes a spec may ask for (keys and values; ``w`` stays float32)
+ROW_DTYPES = ("float32", "bfloat16")
+#: the per-row fields, in order
+FIELDS = ("w", "k", "v", "born")
 
 
 def round_capacity(n: int, quantum: int = ROW_QUANTUM) -> int:
@@ -43,7 +55,7 @@ def round_capacity(n: int, quantum: int = ROW_QUANTUM) -> int:
 
 @struct.dataclass
 class Memory:
-    """Rows of one growing layer. ``spec`` is static metadata (kernel, rule...)."""
+    """Rows of one growing layer (module docstring)."""
 
     w: jax.Array
     k: jax.Array
@@ -51,14 +63,10 @@ class Memory:
     born: jax.Array
     size: jax.Array
     t: jax.Array
-    #: rows beyond this memory that retrieval must also see: a view of the layer's cold tier
-    #: (:class:`growmem.storage.spill.ColdView`; rows that spilled to disk), or None
-    cold: Any = None
+    ext: Any = None
     spec: Any = struct.field(pytree_node=False, default=None)
-    #: static: the rows are sharded along their axis over a device mesh
-    #: (:class:`growmem.storage.sharded.RowShards`); retrieval and novelty search then run
-    #: per shard and merge. None: one device
-    shards: Any = struct.field(pytree_node=False, default=None)
+    policy: Any = struct.field(pytree_node=False, default=None)
+    backend: Any = struct.field(pytree_node=False, default=None)
 
     @property
     def capacity(self) -> int:
@@ -72,26 +80,55 @@ class Memory:
     def d_out(self) -> int:
         return int(self.v.shape[1])
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one stored row (``w``, ``k``, ``v``, ``born`` at their stored dtypes)."""
+        return row_bytes(self.d_in, self.d_out, self.k.dtype, self.w.dtype)
+
     def rows(self) -> dict:
-        """The rows in use as numpy arrays (host copy; syncs with the device)."""
-        n = int(self.size)
-        return {
-            "w": np.asarray(self.w[:n]),
-            "k": np.asarray(self.k[:n]),
-            "v": np.asarray(self.v[:n]),
-            "born": np.asarray(self.born[:n]),
-        }
+        """The rows in use on the device as numpy arrays (host copy; syncs with the device).
+
+        A memory whose ``size`` is a vector holds its rows in equal blocks, one per shard
+        (:mod:`growmem.backends.sharded`): the blocks' rows in use, in block order."""
+        size = np.asarray(self.size)
+        if size.ndim == 0:
+            n = int(size)
+            return {f: np.asarray(getattr(self, f))[:n] for f in FIELDS}
+        cs = self.capacity // len(size)
+        out = {}
+        for f in FIELDS:
+            a = np.asarray(getattr(self, f))
+            out[f] = np.concatenate([a[j * cs:j * cs + int(n)] for j, n in enumerate(size)])
+        return out
 
 
-def empty(d_in: int, d_out: int, capacity: int = ROW_QUANTUM, *, dtype=jnp.float32, spec=None) -> Memory:
-    """A memory with no rows in use and room for ``capacity`` (rounded up) rows."""
+def row_bytes(d_in: int, d_out: int, dtype=np.float32, w_dtype=np.float32) -> int:
+    """Bytes of one row: ``k`` and ``v`` in ``dtype``, ``w`` in ``w_dtype``, an int32 ``born``."""
+    return np.dtype(dtype).itemsize * (d_in + d_out) + np.dtype(w_dtype).itemsize + 4
+
+
+def row_dtype(name) -> jnp.dtype:
+    """The jnp dtype of a row-dtype name (``"float32"``, ``"bfloat16"``)."""
+    name = getattr(name, "name", name)
+    if str(name) not in ROW_DTYPES:
+        raise ValueError(f"row dtype must be one of {ROW_DTYPES}, got {name!r}")
+    return jnp.dtype(str(name))
+
+
+def empty(d_in: int, d_out: int, capacity: int = ROW_QUANTUM, *, dtype=jnp.float32, row_dtype=None,
+          spec=None) -> Memory:
+    """A memory with no rows in use and room for ``capacity`` (rounded up) rows.
+
+    ``dtype`` is the dtype of ``w``; ``row_dtype`` (default ``dtype``) that of ``k`` and ``v``.
+    """
     if d_in <= 0 or d_out <= 0:
         raise ValueError(f"memory dimensions must be positive, got d_in={d_in}, d_out={d_out}")
     c = round_capacity(capacity)
+    rd = dtype if row_dtype is None else row_dtype
     return Memory(
         w=jnp.zeros((c,), dtype),
-        k=jnp.zeros((c, d_in), dtype),
-        v=jnp.zeros((c, d_out), dtype),
+        k=jnp.zeros((c, d_in), rd),
+        v=jnp.zeros((c, d_out), rd),
         born=jnp.zeros((c,), jnp.int32),
         size=jnp.zeros((), jnp.int32),
         t=jnp.zeros((), jnp.int32),
@@ -99,21 +136,30 @@ def empty(d_in: int, d_out: int, capacity: int = ROW_QUANTUM, *, dtype=jnp.float
     )
 
 
-def from_rows(w, k, v, born=None, *, capacity: Optional[int] = None, spec=None) -> Memory:
+def from_rows(w, k, v, born=None, *, capacity: Optional[int] = None, spec=None, row_dtype=None) -> Memory:
     """A memory holding exactly the given rows (plus padding up to ``capacity``)."""
     k = jnp.asarray(k)
     v = jnp.asarray(v)
-    w = jnp.asarray(w, k.dtype)
+    w = jnp.asarray(w, jnp.float32 if k.dtype == jnp.bfloat16 else k.dtype)
     n = k.shape[0]
     if k.ndim != 2 or v.ndim != 2 or w.shape != (n,) or v.shape[0] != n:
         raise ValueError(
             f"rows must be w:(N,), k:(N,d_in), v:(N,d_out) with one N; got w{tuple(w.shape)}, "
             f"k{tuple(k.shape)}, v{tuple(v.shape)}")
     born = jnp.full((n,), BORN_INITIAL, jnp.int32) if born is None else jnp.asarray(born, jnp.int32)
-    mem = empty(k.shape[1], v.shape[1], max(n, capacity or 0), dtype=k.dtype, spec=spec)
+    mem = empty(k.shape[1], v.shape[1], max(n, capacity or 0), dtype=w.dtype,
+                row_dtype=k.dtype if row_dtype is None else row_dtype, spec=spec)
     return mem.replace(
-        w=mem.w.at[:n].set(w), k=mem.k.at[:n].set(k), v=mem.v.at[:n].set(v),
+        w=mem.w.at[:n].set(w), k=mem.k.at[:n].set(k.astype(mem.k.dtype)), v=mem.v.at[:n].set(v.astype(mem.v.dtype)),
         born=mem.born.at[:n].set(born), size=jnp.asarray(n, jnp.int32))
+
+
+def pad_rows_to(a, capacity: int):
+    """``a`` (per-row leading axis) padded with zeros, or cut, to ``capacity`` rows."""
+    old = a.shape[0]
+    if capacity > old:
+        return jnp.pad(a, [(0, capacity - old)] + [(0, 0)] * (a.ndim - 1))
+    return a[:capacity]
 
 
 def with_capacity(mem: Memory, capacity: int) -> Memory:
@@ -121,17 +167,9 @@ def with_capacity(mem: Memory, capacity: int) -> Memory:
     c = round_capacity(capacity)
     if c < int(mem.size):
         raise ValueError(f"cannot shrink a memory of {int(mem.size)} rows to capacity {c}")
-    old = mem.capacity
-    if c == old:
+    if c == mem.capacity:
         return mem
-
-    def fit(a):
-        if c > old:
-            pad = [(0, c - old)] + [(0, 0)] * (a.ndim - 1)
-            return jnp.pad(a, pad)
-        return a[:c]
-
-    return mem.replace(w=fit(mem.w), k=fit(mem.k), v=fit(mem.v), born=fit(mem.born))
+    return mem.replace(**{f: pad_rows_to(getattr(mem, f), c) for f in FIELDS})
 
 
 def ensure_capacity(mem: Memory, extra: int, *, growth: float = 2.0) -> Memory:
@@ -167,8 +205,8 @@ def append(mem: Memory, w, k, v, born, mask=None) -> Memory:
     new_size = jnp.minimum(mem.size + mask.sum(dtype=jnp.int32), cap)
     return mem.replace(
         w=mem.w.at[idx].set(jnp.asarray(w, mem.w.dtype), mode="drop"),
-        k=mem.k.at[idx].set(jnp.asarray(k, mem.k.dtype), mode="drop"),
-        v=mem.v.at[idx].set(jnp.asarray(v, mem.v.dtype), mode="drop"),
+        k=mem.k.at[idx].set(jnp.asarray(k).astype(mem.k.dtype), mode="drop"),
+        v=mem.v.at[idx].set(jnp.asarray(v).astype(mem.v.dtype), mode="drop"),
         born=mem.born.at[idx].set(born, mode="drop"),
         size=new_size,
     )
@@ -177,7 +215,7 @@ def append(mem: Memory, w, k, v, born, mask=None) -> Memory:
 def compact_fn(keep, size):
     """``(a -> a')``: moves the entries ``i < size`` of ``a``'s leading axis where ``keep:(C,)``
     is True to the front, in order, with zeros after (jittable). Used by :func:`select` and for
-    per-row state that must follow the rows (optimizer moments)."""
+    per-row state that must follow the rows."""
     keep = jnp.asarray(keep, bool)
     keep = keep & (jnp.arange(keep.shape[0]) < size)
     cap = keep.shape[0]
@@ -186,12 +224,11 @@ def compact_fn(keep, size):
 
 
 def select(mem: Memory, keep) -> Memory:
-    """Keep the rows in use where ``keep:(C,)`` is True, compacted to the front (jittable)."""
+    """Keep the rows in use where ``keep:(C,)`` is True, compacted to the front in order (jittable)."""
     cap = mem.k.shape[0]
     keep = jnp.asarray(keep, bool) & (jnp.arange(cap) < mem.size)
     z = compact_fn(keep, mem.size)
-    return mem.replace(w=z(mem.w), k=z(mem.k), v=z(mem.v), born=z(mem.born),
-                       size=keep.sum(dtype=jnp.int32))
+    return mem.replace(**{f: z(getattr(mem, f)) for f in FIELDS}, size=keep.sum(dtype=jnp.int32))
 
 
 def valid_mask(mem: Memory) -> jax.Array:
@@ -201,3 +238,86 @@ def valid_mask(mem: Memory) -> jax.Array:
 
 def is_memory(x) -> bool:
     return isinstance(x, Memory)
+
+
+# ---------------------------------------------------------------------------------------------
+# eviction and appends in one pass, touching only the rows that change
+
+
+def _first_true(mask, n: int, fill: int):
+    """Indices of the first ``n`` True entries of ``mask`` (``fill`` past the last one)."""
+    return jnp.nonzero(mask, size=n, fill_value=fill)[0].astype(jnp.int32)
+
+
+def relocate(arrays: Sequence[jax.Array], news: Sequence[Optional[jax.Array]], keep, mask, size, *,
+             max_moves: int):
+    """Drop the rows in use where ``keep:(C,)`` is False and add the candidates where
+    ``mask:(B,)`` is True, for several per-row arrays at once; ``-> (arrays, new_size)``.
+
+    ``news[j]`` holds the candidates' entries for ``arrays[j]`` (``(B, ...)``; None: zeros).
+    When at most ``max_moves`` rows leave, the admitted candidates fill the holes the evicted
+    rows leave (then the space after ``size``), and the kept rows past the new size move
+    into the remaining holes: O(max_moves) rows touched, the table is never copied. Otherwise
+    the kept rows are compacted in order (:func:`compact_fn`) and the candidates appended.
+    Candidates that do not fit in the capacity are dropped. Rows ``[new_size, C)`` are zero.
+    """
+    cap = arrays[0].shape[0]
+    b = mask.shape[0]
+    idx = jnp.arange(cap, dtype=jnp.int32)
+    valid = idx < size
+    keep = jnp.asarray(keep, bool) & valid
+    mask = jnp.asarray(mask, bool)
+    n_keep = keep.sum(dtype=jnp.int32)
+    n_new = jnp.minimum(mask.sum(dtype=jnp.int32), cap - n_keep)
+    # only the first n_new admitted candidates fit
+    mask = mask & (jnp.cumsum(mask.astype(jnp.int32)) <= n_new)
+    new_size = n_keep + n_new
+    holes = valid & ~keep
+    n_holes = holes.sum(dtype=jnp.int32)
+    news = [jnp.zeros((b,) + a.shape[1:], a.dtype) if n is None else jnp.asarray(n).astype(a.dtype)
+            for a, n in zip(arrays, news)]
+    cand = _first_true(mask, b, b)                          # admitted candidates, in batch order
+
+    def in_place(arrays):
+        k = max(int(max_moves), 1)
+        hole = _first_true(holes, k, cap)                   # the first k holes, in order
+        rank = jnp.arange(b, dtype=jnp.int32)
+        # destination of the j-th admitted candidate: the j-th hole, then size, size+1, ...
+        dest = jnp.where(rank < n_holes, hole[jnp.minimum(rank, k - 1)], size + rank - n_holes)
+        dest = jnp.where(rank < n_new, dest, cap)
+        # holes left below new_size are filled by the kept rows at or past new_size
+        left = holes & (idx < new_size)
+        left = left & (jnp.cumsum(holes.astype(jnp.int32)) > n_new)   # holes the candidates did not take
+        fill_to = _first_true(left, k, cap)
+        fill_from = _first_true(keep & (idx >= new_size), k, cap)
+        clear = new_size + jnp.arange(k, dtype=jnp.int32)
+        clear = jnp.where(clear < size, clear, cap)
+        out = []
+        for a, new in zip(arrays, news):
+            moved = a.at[jnp.minimum(fill_from, cap - 1)].get(mode="clip")
+            a = a.at[clear].set(jnp.zeros_like(moved), mode="drop")
+            a = a.at[fill_to].set(moved, mode="drop")
+            a = a.at[dest].set(new[cand], mode="drop")
+            out.append(a)
+        return out
+
+    def compacted(arrays):
+        z = compact_fn(keep, size)
+        pos = n_keep + jnp.arange(b, dtype=jnp.int32)
+        dest = jnp.where(jnp.arange(b) < n_new, pos, cap)
+        return [z(a).at[dest].set(new[cand], mode="drop") for a, new in zip(arrays, news)]
+
+    out = lax.cond(n_holes <= max_moves, in_place, compacted, list(arrays))
+    return out, new_size
+
+
+def evict_and_append(mem: Memory, keep, w, k, v, born, mask, *, max_moves: Optional[int] = None,
+                     extra: Sequence[jax.Array] = ()):
+    """:func:`relocate` the memory's rows (and ``extra`` per-row arrays, whose new entries are
+    zero): ``-> (mem, extra)``. ``max_moves`` defaults to the number of candidates."""
+    b = k.shape[0]
+    born = jnp.broadcast_to(jnp.asarray(born, jnp.int32), (b,))
+    arrays = [mem.w, mem.k, mem.v, mem.born, *extra]
+    news = [w, k, v, born] + [None] * len(extra)
+    out, new_size = relocate(arrays, news, keep, mask, mem.size, max_moves=b if max_moves is None else max_moves)
+    return mem.replace(w=out[0], k=out[1], v=out[2], born=out[3], size=new_size), out[4:]

@@ -1,84 +1,107 @@
 """Growth and pruning policies: which candidate rows enter a memory, what leaves or fades,
-and how stored rows are weighted at retrieval (paper Sec. 3.3, App. A.4, D, F.4).
+how stored rows are trained, and how they are weighted at retrieval (paper Sec. 3.3, App. A.4,
+D, F.4; Alg. 4).
 
-A :class:`Policy` is an optax-style record of pure functions plus a little static data::
+A :class:`Policy` is shaped like an optax transformation: a record of pure functions plus a
+little static data, with its state kept by the caller (the trainer keeps each layer's in
+``TrainState.policy_state["layer/path"]``). Every stage has **one signature**::
 
-    init(mem)                                  -> state
-    admit(rows, mem, mask, state)              -> (mask, state)        candidates that may enter
-    age(mem, state)                            -> (mem, state)         fade the stored rows
-    evict(mem, rows, mask, keep, state)        -> (keep, mask, state)  stored rows that stay
-    coeff(mem, retention)                      -> (C,) array or None   retrieval coefficient c_i
-    retention: float    factor by which ``age`` scales stored values per step (1 = none)
-    name: str           for messages and ``repr``
+    init(mem)              -> state
+    admit(g, state)        -> (g, state)     narrow g.mask: candidates that may enter
+    update(g, state)       -> (g, state)     train the stored rows g.mem from g.grads (hybrid, Alg. 4)
+    age(g, state)          -> (g, state)     fade the stored rows (weight decay, Eq. 21/90)
+    evict(g, state)        -> (g, state)     narrow g.keep (and g.mask): stored rows that stay
+    coeff(born, t, retention) -> (N,) or None   per-row retrieval coefficient c_i (row-local:
+                                              the same on rows in RAM, on shards and on disk)
 
-``rows`` are the rule's candidates (:class:`growmem.rules.Rows`, ``B`` of them), ``mask:(B,)``
-marks the candidates still admitted, ``keep:(C,)`` the stored rows that stay (only rows in
-use, ``index < size``, are ever kept). All functions are jittable; ``state`` is any pytree.
-``coeff`` sees only the memory (rows, ``born``, clock ``t``), because inference sees nothing
-else; ``retention`` lets a coefficient know how the chain decays stored rows (momentum needs
-it for the combined closed form, Eq. 100).
+``g`` is a :class:`Growth`: the memory ``D_{t-1}`` the forward pass used (``g.mem``), the rule's
+``B`` candidate rows (``g.rows``), the candidates still admitted (``g.mask:(B,)``), the stored
+rows that stay (``g.keep:(C,)``) and, for a policy that trains rows, ``∂L/∂(w, k, ṽ)`` of the
+stored rows (``g.grads``). Static data: ``retention`` (the factor by which ``age`` scales the
+stored values each step; 1 = none; momentum needs it for Eq. 100), ``momentum`` (the μ of
+Eq. 23/91 this policy contributes), ``trains_rows`` (the trainer must differentiate the rows),
+``evicts`` (some stage may drop stored rows) and ``name``.
 
-**One growth step** (:func:`step`, called by the trainer for every growing layer after the
-backward pass; ``D_{t-1}`` is the memory the forward pass used):
+**Per-row state.** State wrapped in :class:`RowState` follows the rows: its leaves whose
+leading axis is the memory's capacity are moved when rows are evicted or compacted, padded
+when the capacity grows, and zero for new rows (e.g. the Adam moments of hybrid rows).
+
+**One growth step** (:func:`step`, run by the trainer for every growing layer after the
+backward pass):
 
 1. ``admit`` — every policy of a chain in order, each narrowing the mask left by the one
    before; they see ``D_{t-1}`` (Alg. 4 line 9);
-2. (hybrid mode only) the optimizer step on the stored rows (Alg. 4 line 10);
-3. ``age`` — every policy in order (weight decay scales the stored rows, Eq. 21/90);
-4. ``evict`` — every policy in order, each narrowing ``keep`` and possibly ``mask``; so a
-   pruning policy placed before a capacity policy frees room that the capacity policy then
-   counts. Put ``capacity`` last: it is the one that guarantees the bound;
-5. the kept rows are compacted, the admitted candidates appended (born ``t+1``), ``t += 1``.
+2. ``update`` — the optimizer step on the stored rows (Alg. 4 line 10);
+3. ``age`` — e.g. weight decay scales the stored rows;
+4. ``evict`` — each narrowing ``keep`` (and possibly ``mask``); a pruning policy placed before
+   a capacity policy frees room that the capacity policy then counts. Put ``capacity`` last;
+5. the evicted rows leave and the admitted candidates enter with ``born = t + 1`` (into the
+   evicted rows' places: O(B) rows touched, the table is not copied), ``t += 1``.
 
 ``coeff`` of a chain is the product of its members' coefficients; ``retention`` the product
-of their retentions.
+of their retentions. :func:`chain` composes positionally (a tuple state, length-checked),
+:func:`named_chain` by name (a dict state, like ``optax.named_chain``).
 
 Writing your own policy takes a few lines (see :func:`policy`)::
 
-    import jax.numpy as jnp
-    from growmem import GrowingSpec, policies
-
     def min_error(threshold):
         '''Admit a candidate only if its value (the scaled error) is large enough.'''
-        def admit(rows, mem, mask, state):
-            big = jnp.linalg.norm(rows.v, axis=-1) > threshold
-            return mask & big, state + jnp.sum(mask & ~big)   # state: rows refused so far
+        def admit(g, state):
+            big = jnp.linalg.norm(g.rows.v, axis=-1) > threshold
+            return g._replace(mask=g.mask & big), state + jnp.sum(g.mask & ~big)
         return policies.policy(f"min_error({threshold})", init=lambda mem: jnp.zeros((), jnp.int32),
                                admit=admit)
 
-    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=30.0,
-                            policy=policies.chain(min_error(1e-3), policies.capacity(10_000)))
+    trainer = growmem.Trainer(model, policy=policies.chain(min_error(1e-3), policies.capacity(10_000)))
 
-(``examples/custom_policy.py`` runs this with momentum, decay and a cap.) The trainer keeps
-each layer's state in ``TrainState.policy_state["layer/path"]``.
+Policies are passed to the trainer the way an optax ``tx`` is: each trainer compiles its step
+once for the policies it was given (two calls of a factory give two policies; nothing is
+cached globally).
 
 Costs per step and layer (C rows of capacity, N in use, B candidates): ``novelty`` one
-``(B, d)×(d, N)`` product plus a pass for ‖k‖² per cache-sized chunk (measured at the speed of
-the bare product, ``benchmarks/novelty_search.py``); ``capacity`` ``reject`` O(C) mask work,
-``evict_oldest``/``evict_smallest`` a sort of the C (+B) rows; ``weight_decay`` rescales all
-rows (O(C·d) memory traffic, like one retrieval pass) and pruning reads every row's norm; a
-compaction (O(C·d)) runs only in steps where some row leaves; ``momentum`` O(C) coefficients
-per retrieval and no velocity buffer.
+``(B, d)×(d, N)`` product over chunks; ``capacity`` ``reject`` O(C) mask work,
+``evict_oldest``/``evict_smallest`` a sort of the C (+B) row scores, then O(B) rows moved;
+``weight_decay`` rescales all rows (O(C·d) memory traffic) and pruning reads every row's norm;
+``momentum`` O(C) coefficients per retrieval and no velocity buffer; ``hybrid`` the optimizer
+over the whole table.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
 from jax import lax
 
-from . import kernels
+from . import backends, kernels
 from . import memory as memlib
+from .rules import Rows as _Rows
 
 ON_FULL = ("reject", "evict_oldest", "evict_smallest")
-#: rows per chunk of the novelty search; small enough that a chunk of keys stays in cache
-#: while its squared norms and its product with the queries are computed
-NOVELTY_CHUNK = 256
-_INT_MAX = jnp.iinfo(jnp.int32).max
+#: rows per chunk of the novelty search (:func:`growmem.kernels.min_sq_distance`)
+NOVELTY_CHUNK = kernels.NOVELTY_CHUNK
+
+
+class Growth(NamedTuple):
+    """What flows through the stages of one growth step (module docstring)."""
+
+    mem: memlib.Memory    # stored rows: D_{t-1}, as updated / aged by earlier stages
+    rows: Any             # the rule's candidates (growmem.rules.Rows: w (B,), k (B, d_in), v (B, d_out))
+    mask: jax.Array       # (B,) candidates still admitted
+    keep: jax.Array       # (C,) stored rows that stay (only rows in use ever stay)
+    grads: Any = None     # {"w", "k", "v"}: ∂L/∂(stored rows), for policies that train rows
+
+
+@struct.dataclass
+class RowState:
+    """Policy state that follows the rows (module docstring): leaves with a leading axis of
+    the memory's capacity are moved, padded and zeroed with the rows."""
+
+    tree: Any
 
 
 class Policy(NamedTuple):
@@ -86,11 +109,16 @@ class Policy(NamedTuple):
 
     init: Callable
     admit: Callable
+    update: Callable
     age: Callable
     evict: Callable
     coeff: Callable
     retention: float = 1.0
+    momentum: float = 0.0
+    trains_rows: bool = False
+    evicts: bool = False
     name: str = "policy"
+    max_rows: Optional[int] = None
 
     def __repr__(self):
         return self.name
@@ -100,31 +128,28 @@ def _init_none(mem):
     return ()
 
 
-def _admit_all(rows, mem, mask, state):
-    return mask, state
+def _pass(g, state):
+    return g, state
 
 
-def _age_none(mem, state):
-    return mem, state
-
-
-def _evict_none(mem, rows, mask, keep, state):
-    return keep, mask, state
-
-
-def _coeff_none(mem, retention):
+def _coeff_none(born, t, retention):
     return None
 
 
 def policy(name: str = "custom", *, init: Optional[Callable] = None, admit: Optional[Callable] = None,
-           age: Optional[Callable] = None, evict: Optional[Callable] = None,
-           coeff: Optional[Callable] = None, retention: float = 1.0) -> Policy:
+           update: Optional[Callable] = None, age: Optional[Callable] = None, evict: Optional[Callable] = None,
+           coeff: Optional[Callable] = None, retention: float = 1.0, momentum: float = 0.0,
+           trains_rows: bool = False) -> Policy:
     """Build a :class:`Policy`; the stages you leave out do nothing (state ``()``)."""
     if not 0.0 < retention <= 1.0:
         raise ValueError(f"retention must be in (0, 1], got {retention}")
-    return Policy(init=init or _init_none, admit=admit or _admit_all, age=age or _age_none,
-                  evict=evict or _evict_none, coeff=coeff or _coeff_none, retention=float(retention),
-                  name=name)
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum μ must be in [0, 1), got {momentum}")
+    if trains_rows and update is None:
+        raise ValueError(f"policy {name}: trains_rows=True needs an update stage")
+    return Policy(init=init or _init_none, admit=admit or _pass, update=update or _pass, age=age or _pass,
+                  evict=evict or _pass, coeff=coeff or _coeff_none, retention=float(retention),
+                  momentum=float(momentum), trains_rows=bool(trains_rows), evicts=evict is not None, name=name)
 
 
 def identity() -> Policy:
@@ -132,82 +157,149 @@ def identity() -> Policy:
     return policy("identity")
 
 
-def _cached(factory):
-    """Cache a policy factory on its bound arguments, so equal calls return the same Policy
-    however they are spelled (``capacity(10)`` is ``capacity(max_rows=10, on_full="reject")``):
-    specs holding equal policies then compare equal and share compiled code."""
-    sig = inspect.signature(factory)
-    cache = {}
-
-    @functools.wraps(factory)
-    def wrapper(*args, **kwargs):
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        key = tuple(bound.arguments.items())
-        try:
-            return cache[key]
-        except KeyError:
-            return cache.setdefault(key, factory(*args, **kwargs))
-        except TypeError:  # unhashable argument: no caching
-            return factory(*args, **kwargs)
-
-    return wrapper
-
-
 # ---------------------------------------------------------------------------------------------
-# chain
+# composition
 
 
-@_cached
-def chain(*policies: Policy) -> Policy:
-    """Compose policies: every stage runs each member in the order given (module docstring).
-
-    States are a tuple, one per member. Coefficients multiply, retentions multiply.
-    Cached, so ``chain(a, b) == chain(a, b)`` (equal specs share compiled code).
-    """
+def _check_policies(policies):
     for p in policies:
         if not isinstance(p, Policy):
             raise TypeError(f"chain() takes Policy objects, got {type(p).__name__}: {p!r}")
+    mus = [p.momentum for p in policies if p.momentum]
+    if len(mus) > 1:
+        raise ValueError(f"momentum is set {len(mus)} times in one chain ({mus}): their coefficients would "
+                         f"multiply; keep one momentum(μ)")
+    trainers = [p.name for p in policies if p.trains_rows]
+    if len(trainers) > 1:
+        raise ValueError(f"more than one policy trains the stored rows ({trainers}); keep one")
+
+
+def _compose(name, policies, pack, unpack, check) -> Policy:
+    """A chain over ``policies`` whose state is ``pack([s1, s2, ...])``."""
+    _check_policies(policies)
     retention = math.prod(p.retention for p in policies) if policies else 1.0
 
     def init(mem):
-        return tuple(p.init(mem) for p in policies)
+        return pack([p.init(mem) for p in policies])
 
-    def admit(rows, mem, mask, state):
-        out = []
-        for p, s in zip(policies, state):
-            mask, s = p.admit(rows, mem, mask, s)
-            out.append(s)
-        return mask, tuple(out)
+    def stage(which):
+        def run(g, state):
+            states = unpack(check(state))
+            out = []
+            for p, s in zip(policies, states):
+                g, s = getattr(p, which)(g, s)
+                out.append(s)
+            return g, pack(out)
+        return run
 
-    def age(mem, state):
-        out = []
-        for p, s in zip(policies, state):
-            mem, s = p.age(mem, s)
-            out.append(s)
-        return mem, tuple(out)
-
-    def evict(mem, rows, mask, keep, state):
-        out = []
-        for p, s in zip(policies, state):
-            keep, mask, s = p.evict(mem, rows, mask, keep, s)
-            out.append(s)
-        return keep, mask, tuple(out)
-
-    def coeff(mem, retention):
+    def coeff(born, t, retention):
         c = None
         for p in policies:
-            ci = p.coeff(mem, retention)
+            ci = p.coeff(born, t, retention)
             if ci is not None:
                 c = ci if c is None else c * ci
         return c
 
-    return Policy(init, admit, age, evict, coeff, retention,
-                  "chain(" + ", ".join(p.name for p in policies) + ")")
+    caps = [p.max_rows for p in policies if p.max_rows is not None]
+    return Policy(init, stage("admit"), stage("update"), stage("age"), stage("evict"), coeff, retention,
+                  momentum=sum(p.momentum for p in policies), trains_rows=any(p.trains_rows for p in policies),
+                  evicts=any(p.evicts for p in policies), name=name, max_rows=min(caps) if caps else None)
+
+
+def chain(*policies: Policy) -> Policy:
+    """Compose policies: every stage runs each member in the order given (module docstring).
+
+    The state is a tuple, one entry per member (checked at every stage: a state of another
+    length raises). Coefficients multiply, retentions multiply.
+    """
+    n = len(policies)
+    _check_policies(policies)
+
+    def check(state):
+        if not isinstance(state, tuple) or len(state) != n:
+            got = f"a {type(state).__name__} of length {len(state)}" if isinstance(state, (tuple, list)) \
+                else type(state).__name__
+            raise ValueError(f"chain of {n} policies got {got} as its state; pass the state its init made")
+        return state
+
+    return _compose("chain(" + ", ".join(p.name for p in policies) + ")", policies, tuple, lambda s: s, check)
+
+
+def named_chain(*named: tuple) -> Policy:
+    """Like :func:`chain`, with ``(name, policy)`` pairs and a dict state keyed by name
+    (``trainer.state.policy_state["readout"]["cap"]``)."""
+    names = [n for n, _ in named]
+    if len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"named_chain needs distinct string names, got {names}")
+    policies = tuple(p for _, p in named)
+    _check_policies(policies)
+
+    def check(state):
+        if not isinstance(state, dict) or set(state) != set(names):
+            raise ValueError(f"named_chain of {names} got a state with keys "
+                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
+        return state
+
+    return _compose("named_chain(" + ", ".join(f"{n}={p.name}" for n, p in named) + ")", policies,
+                    lambda states: dict(zip(names, states)), lambda s: [s[n] for n in names], check)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-row state
+
+
+def _is_row_state(x) -> bool:
+    return isinstance(x, RowState)
+
+
+def map_row_state(fn, state, capacity: int):
+    """Apply ``fn`` to every per-row leaf (leading axis ``capacity``) inside a :class:`RowState`."""
+    def on_rows(node):
+        if not isinstance(node, RowState):
+            return node
+        return RowState(jax.tree.map(lambda a: fn(a) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == capacity
+                                     else a, node.tree))
+
+    return jax.tree.map(on_rows, state, is_leaf=_is_row_state)
+
+
+def row_state_leaves(state, capacity: int) -> list:
+    """The per-row leaves of ``state`` (in a fixed order)."""
+    out = []
+    map_row_state(lambda a: out.append(a) or a, state, capacity)
+    return out
+
+
+def replace_row_state_leaves(state, capacity: int, leaves: list):
+    it = iter(leaves)
+    return map_row_state(lambda a: next(it), state, capacity)
+
+
+def resize_row_state(state, old: int, new: int):
+    """Pad (or cut) the per-row state from ``old`` to ``new`` rows (host: capacity growth)."""
+    return map_row_state(lambda a: memlib.pad_rows_to(a, new), state, old)
 
 
 # ---------------------------------------------------------------------------------------------
 # one growth step
+
+
+def evictor(pol: Optional[Policy], state) -> Optional[Callable]:
+    """``keep(chunk) -> (C,) bool``: ``pol``'s evict stage over a chunk of stored rows (a
+    :class:`growmem.memory.Memory`; no candidates) — pruning rows a backend keeps off the
+    device (:meth:`growmem.backends.tiered.Tiered.compact`). None when nothing evicts."""
+    if pol is None or not pol.evicts:
+        return None
+
+    def keep(chunk):
+        b = 1
+        dummy = _Rows(jnp.zeros((b,), jnp.float32), jnp.zeros((b, chunk.d_in), chunk.k.dtype),
+                      jnp.zeros((b, chunk.d_out), chunk.v.dtype))
+        g = Growth(chunk, dummy, jnp.zeros((b,), bool), memlib.valid_mask(chunk))
+        g, _ = pol.evict(g, state)
+        return np.asarray(g.keep)
+
+    return keep
 
 
 class StepResult(NamedTuple):
@@ -215,34 +307,30 @@ class StepResult(NamedTuple):
     state: Any             # the policy state after the step
     keep: jax.Array        # (C,) stored rows (of the memory before the step) that stayed
     mask: jax.Array        # (B,) candidates that were appended
-    aux: Any               # whatever ``update_rows`` returned besides the memory
 
 
-def compact(mem: memlib.Memory, keep) -> memlib.Memory:
-    """:func:`growmem.memory.select`, skipped at run time when no row in use leaves."""
-    keep = keep & memlib.valid_mask(mem)
-    changed = jnp.any(memlib.valid_mask(mem) & ~keep)
-    return lax.cond(changed, lambda m: memlib.select(m, keep), lambda m: m, mem)
-
-
-def step(pol: Policy, mem: memlib.Memory, rows, state, *, update_rows: Optional[Callable] = None) -> StepResult:
-    """One growth step of one memory (module docstring, steps 1–5). Pure and jittable.
-
-    ``update_rows(mem) -> (mem, aux)`` runs between admission and ageing (the hybrid
-    optimizer step of Alg. 4); it must not change which rows are in use.
-    """
+def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None) -> StepResult:
+    """One growth step of one memory (module docstring, steps 1–5). Pure and jittable."""
+    if pol.trains_rows and grads is None:
+        raise ValueError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
+                         f"of the stored rows; the Trainer provides them)")
     born = mem.t + 1
-    mask = jnp.ones((rows.k.shape[0],), bool)
-    mask, state = pol.admit(rows, mem, mask, state)
-    aux = None
-    if update_rows is not None:
-        mem, aux = update_rows(mem)
-    mem, state = pol.age(mem, state)
-    keep, mask, state = pol.evict(mem, rows, mask, memlib.valid_mask(mem), state)
-    keep = keep & memlib.valid_mask(mem)
-    mem = compact(mem, keep)
-    mem = memlib.append(mem, rows.w, rows.k, rows.v, born=born, mask=mask)
-    return StepResult(mem.replace(t=born), state, keep, mask, aux)
+    be = backends.of(mem)
+    valid = be.valid_mask(mem)
+    g = Growth(mem, rows, jnp.ones((rows.k.shape[0],), bool), valid, grads)
+    g, state = pol.admit(g, state)
+    g, state = pol.update(g, state)
+    g, state = pol.age(g, state)
+    g, state = pol.evict(g, state)
+    keep = g.keep & valid
+    mem = g.mem
+    if not pol.evicts:
+        out = be.append(mem, rows.w, rows.k, rows.v, born, g.mask)
+        return StepResult(out.replace(t=born), state, keep, g.mask)
+    per_row = row_state_leaves(state, mem.capacity)
+    out, per_row = be.evict_and_append(mem, keep, rows.w, rows.k, rows.v, born, g.mask, extra=per_row)
+    state = replace_row_state_leaves(state, mem.capacity, per_row)
+    return StepResult(out.replace(t=born), state, keep, g.mask)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,7 +339,11 @@ def step(pol: Policy, mem: memlib.Memory, rows, state, *, update_rows: Optional[
 
 def _weighted(mem) -> bool:
     """Does the kernel use ``w`` (weighted softmax)? Memories without a spec count as weighted."""
-    return mem.spec is None or mem.spec.kernel == "weighted_softmax"
+    return mem.spec is None or kernels.get(mem.spec.kernel).normalised
+
+
+def _norm(v):
+    return jnp.linalg.norm(v.astype(jnp.float32), axis=-1)
 
 
 def significance(mem: memlib.Memory) -> jax.Array:
@@ -259,30 +351,18 @@ def significance(mem: memlib.Memory) -> jax.Array:
 
     A row is below ε exactly when ``|w| < ε`` and ``‖ṽ‖ < ε`` (the pruning rule of App. D.1).
     """
-    vn = jnp.linalg.norm(mem.v, axis=-1)
+    vn = _norm(mem.v)
     return jnp.maximum(jnp.abs(mem.w), vn) if _weighted(mem) else vn
 
 
 def candidate_significance(mem: memlib.Memory, rows) -> jax.Array:
-    vn = jnp.linalg.norm(rows.v, axis=-1)
+    vn = _norm(rows.v)
     return jnp.maximum(jnp.abs(rows.w), vn) if _weighted(mem) else vn
 
 
 def min_sq_distance(q, k, *, size=None, chunk: int = NOVELTY_CHUNK) -> jax.Array:
-    """``(B,)`` ``min_j ‖q_b − k_j‖²`` over rows ``j < size`` (``+inf`` when there are none).
-
-    Chunked over rows through one matrix product per chunk
-    (``‖q‖² + ‖k‖² − 2 q·k``, clamped at 0); never materialises ``(B, N, d)``.
-    """
-    q2 = jnp.sum(q * q, axis=1)
-
-    def body(m, r, valid):
-        (kc,) = r
-        d2 = q2[:, None] + jnp.sum(kc * kc, axis=1)[None, :] - 2.0 * (q @ kc.T)
-        return jnp.minimum(m, jnp.min(jnp.where(valid[None, :], d2, jnp.inf), axis=1))
-
-    m = kernels.scan_rows(body, jnp.full(q.shape[:1], jnp.inf, q.dtype), (k,), size=size, chunk=chunk)
-    return jnp.maximum(m, 0.0)
+    """``(B,)`` ``min_j ‖q_b − k_j‖²`` over rows ``j < size`` (:func:`growmem.kernels.min_sq_distance`)."""
+    return kernels.min_sq_distance(q, k, size=size, chunk=chunk)
 
 
 def _first(mask, n):
@@ -296,22 +376,26 @@ def _last(mask, n):
     return mask & (after <= n)
 
 
-def _rank(score, valid):
-    """Rank of each valid entry in ascending ``score`` (stable: ties by position); invalid last."""
-    order = jnp.argsort(jnp.where(valid, score, jnp.inf), stable=True)
+def _rank(score, valid, order_key=None):
+    """Rank of each valid entry in ascending ``score`` (ties by ``order_key``, then position);
+    invalid entries last."""
+    s = jnp.where(valid, score, jnp.inf)
+    if order_key is None:
+        order = jnp.argsort(s, stable=True)
+    else:
+        order = jnp.lexsort((order_key, s))
     return jnp.zeros(score.shape, jnp.int32).at[order].set(jnp.arange(score.shape[0], dtype=jnp.int32))
+
+
+def _check_number(name, value, ok, allowed):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
 # built-in policies
 
 
-def _check_number(name, value, ok, allowed):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-@_cached
 def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
             chunk: int = NOVELTY_CHUNK) -> Policy:
     """Admit a candidate only if ``min_j ‖q − k_j‖₂ > τ`` over the stored rows (Alg. 4 line 9).
@@ -323,27 +407,22 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
                   True: candidates are also compared, in batch order, with the candidates
                   of the same batch admitted before them (greedy), so no two admitted rows
                   are within τ of each other.
-    chunk         rows per chunk of the distance search (:func:`min_sq_distance`)
+    chunk         rows per chunk of the distance search
 
-    Candidates already refused by an earlier policy of a chain do not block later ones.
-    Cost per step: one ``(B, d) × (d, N)`` product and the keys' squared norms, streamed
-    in chunks over the rows in use.
+    The search runs wherever the rows live (in RAM, on every shard, over a disk tier: the
+    memory's backend). Candidates already refused by an earlier policy do not block later
+    ones. Cost per step: one ``(B, d) × (d, N)`` product and the keys' squared norms.
     """
     _check_number("novelty tau", tau, lambda x: x >= 0, "a number >= 0")
     if chunk <= 0:
         raise ValueError(f"novelty chunk must be positive, got {chunk}")
 
-    def admit(rows, mem, mask, state):
-        q = rows.k
+    def admit(g, state):
+        q = g.rows.k
         thr = tau * math.sqrt(q.shape[1]) if relative else tau
         thr2 = jnp.asarray(thr * thr, q.dtype)
-        if mem.shards is not None:  # each shard searches its own rows; the minima are merged
-            d2 = mem.shards.min_sq_distance(mem, q, chunk)
-        else:
-            d2 = min_sq_distance(q, mem.k, size=mem.size, chunk=chunk)
-        if mem.cold is not None:  # rows that spilled to the cold tier count too
-            d2 = jnp.minimum(d2, mem.cold.min_sq_distance(q))
-        ok = mask & (d2 > thr2)
+        d2 = backends.min_sq_distance(g.mem, q, chunk=chunk)
+        ok = g.mask & (d2 > thr2)
         if within_batch:
             q2 = jnp.sum(q * q, axis=1)
             near = (q2[:, None] + q2[None, :] - 2.0 * (q @ q.T)) <= thr2   # (B, B)
@@ -354,13 +433,12 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
                 return adm.at[n].set(ok[n] & ~blocked)
 
             ok = lax.fori_loop(0, q.shape[0], body, jnp.zeros_like(ok))
-        return ok, state
+        return g._replace(mask=ok), state
 
     return policy(f"novelty(tau={tau}{', relative' if relative else ''}"
                   f"{', within_batch' if within_batch else ''})", admit=admit)
 
 
-@_cached
 def capacity(max_rows: int, on_full: str = "reject") -> Policy:
     """Never hold more than ``max_rows`` rows.
 
@@ -375,36 +453,38 @@ def capacity(max_rows: int, on_full: str = "reject") -> Policy:
                          the largest :func:`significance` (``max(|w|, ‖ṽ‖)``) stay; ties go
                          against the older row
 
-    Evicting policies sort the rows in use: ``O(C log C)`` per step.
+    Evicting modes rank the rows in use (a sort of C scores) and then move only the rows that
+    change: the candidates take the evicted rows' places.
     """
     _check_number("capacity max_rows", max_rows, lambda x: int(x) == x and x >= 1, "an integer >= 1")
     if on_full not in ON_FULL:
         raise ValueError(f"capacity on_full must be one of {ON_FULL}, got {on_full!r}")
     max_rows = int(max_rows)
 
-    def evict(mem, rows, mask, keep, state):
-        valid = keep & memlib.valid_mask(mem)
+    def evict(g, state):
+        mem, mask = g.mem, g.mask
+        valid = g.keep & backends.valid_mask(mem)
         if on_full == "reject":
             keep = _first(valid, max_rows)
             room = max_rows - keep.sum(dtype=jnp.int32)
-            return keep, _first(mask, room), state
+            return g._replace(keep=keep, mask=_first(mask, room)), state
         if on_full == "evict_oldest":
             mask = _last(mask, max_rows)
             n_evict = jnp.maximum(valid.sum(dtype=jnp.int32) + mask.sum(dtype=jnp.int32) - max_rows, 0)
             rank = _rank(mem.born, valid)
-            return valid & (rank >= n_evict), mask, state
-        # evict_smallest: stored rows first (older), then candidates, in one ranking
-        score = jnp.concatenate([significance(mem), candidate_significance(mem, rows)])
-        both = jnp.concatenate([valid, mask])
-        n_evict = jnp.maximum(both.sum(dtype=jnp.int32) - max_rows, 0)
-        stay = both & (_rank(score, both) >= n_evict)
+            return g._replace(keep=valid & (rank >= n_evict), mask=mask), state
+        # evict_smallest: stored rows (older, by born) and then candidates, in one ranking
         c = valid.shape[0]
-        return stay[:c], stay[c:], state
+        score = jnp.concatenate([significance(mem), candidate_significance(mem, g.rows)])
+        both = jnp.concatenate([valid, mask])
+        age_key = jnp.concatenate([mem.born, jnp.full(mask.shape, jnp.iinfo(jnp.int32).max, jnp.int32)])
+        n_evict = jnp.maximum(both.sum(dtype=jnp.int32) - max_rows, 0)
+        stay = both & (_rank(score, both, age_key) >= n_evict)
+        return g._replace(keep=stay[:c], mask=stay[c:]), state
 
-    return policy(f"capacity(max_rows={max_rows}, on_full={on_full})", evict=evict)
+    return policy(f"capacity(max_rows={max_rows}, on_full={on_full})", evict=evict)._replace(max_rows=max_rows)
 
 
-@_cached
 def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
     """Every step scale the stored ``w`` and ``ṽ`` (``v`` for linear/RBF, whose ``w`` is
     unused) by ``(1 − γ)`` (Eq. 21/90); rows appended this step are not scaled.
@@ -414,25 +494,29 @@ def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
     softmax ``‖Δy‖ ≤ ε (1 + ‖y‖) Σ_pruned c_i e^{a_i} / Σ_kept c_i w_i e^{a_i}``, for RBF
     ``‖Δy‖ ≤ ε Σ_pruned c_i``, for linear ``‖Δy‖ ≤ ε ‖q‖ Σ_pruned c_i ‖k_i‖``.
 
-    ``retention = 1 − γ`` (momentum uses it for Eq. 100).
+    ``retention = 1 − γ`` (momentum uses it for Eq. 100). Rows stored in bfloat16 are refused:
+    rounding each step's ``(1 − γ)`` scaling to bfloat16 would not decay them at rate γ.
     """
     _check_number("weight_decay gamma", gamma, lambda x: 0 <= x < 1, "a number in [0, 1)")
     if prune_below is not None:
         _check_number("weight_decay prune_below", prune_below, lambda x: x >= 0, "a number >= 0")
     keep_factor = 1.0 - gamma
 
-    def age(mem, state):
+    def age(g, state):
+        mem = g.mem
+        if gamma > 0 and mem.v.dtype != jnp.float32:
+            raise ValueError(f"weight_decay({gamma}) scales the stored values every step, which rows stored in "
+                             f"{mem.v.dtype} cannot represent; use row_dtype='float32' for this layer")
         f = jnp.asarray(keep_factor, mem.v.dtype)
-        w = mem.w * f if _weighted(mem) else mem.w
-        return mem.replace(w=w, v=mem.v * f), state
+        w = mem.w * jnp.asarray(keep_factor, mem.w.dtype) if _weighted(mem) else mem.w
+        return g._replace(mem=mem.replace(w=w, v=mem.v * f)), state
 
-    def evict(mem, rows, mask, keep, state):
-        if prune_below is None:
-            return keep, mask, state
-        return keep & (significance(mem) >= prune_below), mask, state
+    def evict(g, state):
+        return g._replace(keep=g.keep & (significance(g.mem) >= prune_below)), state
 
     name = f"weight_decay(gamma={gamma}" + (f", prune_below={prune_below})" if prune_below is not None else ")")
-    return policy(name, age=age, evict=evict, retention=keep_factor if gamma > 0 else 1.0)
+    return policy(name, age=age, evict=evict if prune_below is not None else None,
+                  retention=keep_factor if gamma > 0 else 1.0)
 
 
 def momentum_coefficients(born, t, mu: float, retention: float = 1.0) -> jax.Array:
@@ -443,39 +527,81 @@ def momentum_coefficients(born, t, mu: float, retention: float = 1.0) -> jax.Arr
     ``(1 − μ̃^{n}) / (1 − μ̃)`` with ``μ̃ = μ / (1 − γ)`` (``n`` when ``μ̃ = 1``).
     Initial rows (``born < 0``) have ``c = 1``.
     """
-    from .layers import momentum_coeff  # the Eq. 23 formula lives with the layer
-
-    if retention == 1.0:
-        return momentum_coeff(born, t, mu)
-    mu_t = mu / retention
     n = jnp.maximum(t - born, 0).astype(jnp.float32) + 1.0
+    mu_t = mu / retention
     if mu_t == 1.0:
         c = n
     else:
         c = (1.0 - mu_t ** n) / (1.0 - mu_t)
-    # μ̃ > 1: c grows like μ̃^n while the stored row shrinks like (1-γ)^n; cap c so that a
-    # row decayed to 0 contributes 0, not inf·0
-    c = jnp.minimum(c, 1e30)
+    if retention != 1.0:
+        # μ̃ > 1: c grows like μ̃^n while the stored row shrinks like (1-γ)^n; cap c so that a
+        # row decayed to 0 contributes 0, not inf·0
+        c = jnp.minimum(c, 1e30)
     return jnp.where(born < 0, 1.0, c)
 
 
-@_cached
 def momentum(mu: float) -> Policy:
     """Timestamp momentum (Eq. 23/91): retrieval multiplies each row by
     ``c(t, born) = (1 − μ^{t−born+1}) / (1 − μ)``; no velocity buffer is stored.
 
     Chained with :func:`weight_decay` it gives the closed form of Eq. 100 (decay + momentum
     of Eqs. 92–93): see :func:`momentum_coefficients`. Same as ``GrowingSpec(momentum=μ)``;
-    do not set both (their coefficients would multiply).
+    setting both is an error (their coefficients would multiply).
     """
     _check_number("momentum mu", mu, lambda x: 0 <= x < 1, "a number in [0, 1)")
+    return policy(f"momentum(mu={mu})", momentum=float(mu))
 
-    def coeff(mem, retention):
-        if mu == 0:
-            return None
-        return momentum_coefficients(mem.born, mem.t, mu, retention)
 
-    return policy(f"momentum(mu={mu})", coeff=coeff)
+def coefficient_fn(spec, pol: Optional[Policy]) -> Optional[Callable]:
+    """``fn(born, t) -> c_i`` of a layer: its momentum (the spec's or the policy's, Eq. 23/91,
+    with the policy's decay: Eq. 100) times the policy's own ``coeff``; None when every
+    ``c_i = 1``."""
+    mu_spec = float(getattr(spec, "momentum", 0.0) or 0.0)
+    mu_pol = pol.momentum if pol is not None else 0.0
+    if mu_spec and mu_pol:
+        raise ValueError(f"momentum is set twice: GrowingSpec(momentum={mu_spec}) and policy {pol.name} "
+                         f"(μ = {mu_pol}); their coefficients would multiply — set it in one place")
+    mu = mu_spec or mu_pol
+    retention = pol.retention if pol is not None else 1.0
+    custom = pol is not None and pol.coeff is not _coeff_none
+    if not mu and not custom:
+        return None
+
+    def fn(born, t):
+        c = momentum_coefficients(born, t, mu, retention) if mu else None
+        if custom:
+            ci = pol.coeff(born, t, retention)
+            if ci is not None:
+                c = ci if c is None else c * ci
+        return c
+
+    return fn
+
+
+def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
+    """Alg. 4 line 10: the stored rows ``(w, k, ṽ)`` are trained by ``tx`` (Adam 1e-3 by default)
+    from the same backward pass that gives ``g``; ``w`` is projected back to ``w ≥ 0`` after
+    every step (weighted softmax). Its state is the optimizer state of the rows (a
+    :class:`RowState`: moments follow their rows, new rows start at zero)."""
+    tx = optax.adam(1e-3) if tx is None else tx
+
+    def params(mem):
+        return {"w": mem.w, "k": mem.k, "v": mem.v}
+
+    def init(mem):
+        if mem.k.dtype != jnp.float32:
+            raise ValueError(f"hybrid rows are trained by an optimizer and must be float32, not {mem.k.dtype}")
+        return RowState(tx.init(params(mem)))
+
+    def update(g, state):
+        mem = g.mem
+        p = params(mem)
+        updates, opt = tx.update(g.grads, state.tree, p)
+        p = optax.apply_updates(p, updates)
+        w = jnp.maximum(p["w"], 0.0) if _weighted(mem) else p["w"]   # projected step: den > 0
+        return g._replace(mem=mem.replace(w=w, k=p["k"], v=p["v"])), RowState(opt)
+
+    return policy("hybrid", init=init, update=update, trains_rows=True)
 
 
 #: built-in policy factories by name (the TOML presets use these names)

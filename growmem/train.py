@@ -1,28 +1,29 @@
-"""The training step: one forward pass, one backward pass, rows appended after.
+"""The training step — one forward pass, one backward pass, rows appended after — the
+:class:`Trainer` that drives it, and :func:`fit`, the one training loop.
 
 Data flow of :func:`train_step` (DESIGN "The train step"):
 
 1. forward: each growing layer gets ``q`` and returns ``s`` (sown, with a zero
    perturbation added to ``s``);
 2. one backward pass gives ``g = ∂L/∂s`` for every growing layer (the gradient
-   with respect to the perturbations) and the gradient of any parametric
-   parameters (trained with optax);
+   with respect to the perturbations), the gradient of any parametric parameters
+   (trained with optax) and, for layers whose policy trains the stored rows (hybrid,
+   Alg. 4), the gradient with respect to those rows;
 3. each layer's rule turns ``(q, s, g)`` into candidate rows;
-4. the rows are appended after the step, so every layer learns from the same
-   forward pass (plain SGD semantics), and every memory's clock ``t`` advances.
+4. each layer's policy admits, trains, ages and evicts (:func:`growmem.policies.step`);
+   the rows are appended after the step, so every layer learns from the same forward
+   pass (plain SGD semantics), and every memory's clock ``t`` advances.
 
-A layer whose spec has a ``policy`` grows through :func:`growmem.policies.step` (admit,
-age, evict, append); a ``hybrid`` layer (Alg. 4) also gets the gradient of the loss with
-respect to its stored rows from the same backward pass, and the trainer's ``hybrid_tx``
-(Adam by default) updates them, with ``w`` projected back to ``w ≥ 0``.
-
-:class:`Trainer` wraps this for the host: it grows the capacity of each memory
-geometrically before a step needs it (so N rows cost O(log N) compilations).
+Where each memory's rows live is its backend's business (:mod:`growmem.backends`): the
+trainer asks it to make room before a step (grow the capacity geometrically, so N rows cost
+O(log N) compilations; spill to disk past a RAM budget) and never looks at the rows itself.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, NamedTuple, Optional
+import math
+import time
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 import flax
 import jax
@@ -32,6 +33,7 @@ import optax
 from flax import struct
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from . import backends
 from . import memory as memlib
 from . import policies as polib
 
@@ -65,17 +67,15 @@ class TrainState:
 
     ``collections`` holds the non-parametric variable collections of the model:
     ``"memory"`` (one :class:`Memory` per growing layer) and ``"frozen"`` (e.g. the
-    ``W0`` of linear dual-form layers).
+    ``W0`` of linear dual-form layers). ``policy_state`` is ``{"layer/path": state}`` of every
+    growing layer that has a policy (None when no layer has one).
     """
 
     step: jax.Array
     params: Any
     collections: Any
     opt_state: Any
-    #: ``{"layer/path": state}`` of each growing layer that has a policy
     policy_state: Any = None
-    #: ``{"layer/path": optax state}`` of each hybrid layer's stored rows
-    hybrid_state: Any = None
 
 
 def memories(collections) -> Dict[tuple, memlib.Memory]:
@@ -84,7 +84,8 @@ def memories(collections) -> Dict[tuple, memlib.Memory]:
     return {path[:-1]: m for path, m in flat.items() if isinstance(m, memlib.Memory)}
 
 
-def _set_memories(collections, mems: Dict[tuple, memlib.Memory]):
+def set_memories(collections, mems: Dict[tuple, memlib.Memory]):
+    """``collections`` with the given layers' memories replaced."""
     flat = flatten_dict(flax.core.unfreeze(collections["memory"]))
     for path in list(flat):
         if path[:-1] in mems:
@@ -93,101 +94,46 @@ def _set_memories(collections, mems: Dict[tuple, memlib.Memory]):
 
 
 def layer_key(path) -> str:
-    """The key of a layer in ``policy_state`` / ``hybrid_state``: its module path joined by '/'."""
+    """The key of a layer in ``policy_state``: its module path joined by '/'."""
     return "/".join(path)
-
-
-def grow(collections, intermediates, g_tree, batch_size: int):
-    """Append every layer's candidate rows; advance each memory's clock.
-
-    ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with
-    respect to the ``"s"`` perturbations, keyed like the memory collection. Layers with a
-    policy use the policy's initial state here; :func:`grow_step` carries policy state and
-    hybrid updates.
-    """
-    return grow_step(collections, intermediates, g_tree, batch_size)[0]
 
 
 def _row_params(mem: memlib.Memory) -> dict:
     return {"w": mem.w, "k": mem.k, "v": mem.v}
 
 
-def hybrid_update(tx, mem: memlib.Memory, grads: dict, opt_state):
-    """One optimizer step on the stored rows (Alg. 4 line 10); ``w ≥ 0`` by projection.
+def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None):
+    """Steps 3–4 for every growing layer: ``-> (collections, policy_state)``.
 
-    ``grads`` holds ``∂L/∂w, ∂L/∂k, ∂L/∂ṽ`` for the whole capacity; rows past ``size``
-    have zero gradient, so they stay zero under Adam/SGD-style optimizers.
-    """
-    params = _row_params(mem)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    w = params["w"]
-    if mem.spec.kernel == "weighted_softmax":
-        w = jnp.maximum(w, 0.0)  # projected step: keep the weights non-negative (den > 0)
-    return mem.replace(w=w, k=params["k"], v=params["v"]), opt_state
-
-
-def _rows_tree_map(fn, tree, capacity: int):
-    """Apply ``fn`` to the leaves of an optimizer state that are per-row (leading dim = capacity)."""
-    return jax.tree.map(lambda a: fn(a) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == capacity else a, tree)
-
-
-def compact_rows(tree, keep, size, capacity: int):
-    """Compact the per-row leaves of ``tree`` like :func:`growmem.memory.select` compacts rows."""
-    changed = jnp.any((jnp.arange(capacity) < size) & ~keep)
-    move = lambda t: _rows_tree_map(memlib.compact_fn(keep, size), t, capacity)
-    return jax.lax.cond(changed, move, lambda t: t, tree)
-
-
-def pad_rows(tree, old: int, new: int):
-    """Pad the per-row leaves of ``tree`` from ``old`` to ``new`` rows (capacity growth)."""
-    return _rows_tree_map(lambda a: jnp.pad(a, [(0, new - old)] + [(0, 0)] * (a.ndim - 1)), tree, old)
-
-
-def grow_step(collections, intermediates, g_tree, batch_size: int, *, policy_state=None,
-              row_grads=None, hybrid_tx=None, hybrid_state=None):
-    """:func:`grow` with policies and hybrid updates: ``-> (collections, policy_state, hybrid_state)``.
-
-    ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` (gradients of the loss with respect to
-    the stored rows of hybrid layers), ``hybrid_state`` their optimizer states.
+    ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with respect to
+    the ``"s"`` perturbations, keyed like the memory collection; a layer's policy (installed in
+    its memory) runs with its state from ``policy_state`` (its ``init`` state when absent);
+    ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows.
     """
     inter = flatten_dict(flax.core.unfreeze(intermediates))
     grads = flatten_dict(flax.core.unfreeze(g_tree))
     policy_state = dict(policy_state or {})
-    hybrid_state = dict(hybrid_state or {})
     new = {}
     for path, mem in memories(collections).items():
-        spec = mem.spec
+        spec, pol = mem.spec, mem.policy
         q = inter[path + ("q",)][0]
         s = inter[path + ("s",)][0]
         g = grads[path + ("s",)]
         if spec.grad_unit == "per_sample":
             g = g * batch_size  # the loss is a batch mean: ∂L/∂s_n = g_n / B
         rows = spec.candidate_rows(q, s, g)
-        if spec.policy is None and not spec.hybrid:
-            mem = memlib.append(mem, rows.w, rows.k, rows.v, born=mem.t + 1)
+        key = layer_key(path)
+        if pol is None:
+            mem = backends.of(mem).append(mem, rows.w, rows.k, rows.v, mem.t + 1)
             new[path] = mem.replace(t=mem.t + 1)
             continue
-        key = layer_key(path)
-        pol = spec.policy or polib.identity()
-        pstate = policy_state[key] if key in policy_state else pol.init(mem)
-        update_rows = None
-        if spec.hybrid:
-            if hybrid_tx is None or row_grads is None or key not in hybrid_state:
-                raise ValueError(f"layer {key} is hybrid: grow_step needs hybrid_tx, row_grads and "
-                                 f"hybrid_state (use Trainer, which provides them)")
-            update_rows = functools.partial(hybrid_update, hybrid_tx, grads=row_grads[key],
-                                            opt_state=hybrid_state[key])
-        size_before = mem.size
-        res = polib.step(pol, mem, rows, pstate, update_rows=update_rows)
-        if spec.policy is not None:
-            policy_state[key] = res.state
-        if spec.hybrid:
-            hybrid_state[key] = compact_rows(res.aux, res.keep, size_before, mem.capacity)
+        state = policy_state[key] if key in policy_state else pol.init(mem)
+        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key))
+        policy_state[key] = res.state
         new[path] = res.mem
-    collections = _set_memories(collections, new) if new else collections
-    # empty -> None, as the Trainer stores them (keeps the jitted step's pytree structure fixed)
-    return collections, policy_state or None, hybrid_state or None
+    collections = set_memories(collections, new) if new else collections
+    # empty -> None, as the Trainer stores it (keeps the jitted step's pytree structure fixed)
+    return collections, policy_state or None
 
 
 def _with_rows(collections, rows: Dict[str, dict]):
@@ -196,7 +142,7 @@ def _with_rows(collections, rows: Dict[str, dict]):
         return collections
     mems = {path: m.replace(**rows[layer_key(path)]) for path, m in memories(collections).items()
             if layer_key(path) in rows}
-    return _set_memories(collections, mems)
+    return set_memories(collections, mems)
 
 
 class StepGrads(NamedTuple):
@@ -206,7 +152,7 @@ class StepGrads(NamedTuple):
     intermediates: Any     # the sown q, s of every growing layer
     g: Any                 # ∂L/∂s of every growing layer (the gradients of the "s" perturbations)
     g_params: Any          # ∂L/∂params of the parametric parameters
-    row_grads: Any         # {layer key: ∂L/∂(w, k, ṽ)} of hybrid layers' stored rows, or None
+    row_grads: Any         # {layer key: ∂L/∂(w, k, ṽ)} of layers whose policy trains rows, or None
 
 
 def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
@@ -214,8 +160,8 @@ def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
     variables = {"params": state.params, **state.collections}
     pert_shapes = jax.eval_shape(lambda: model.apply(variables, x, mutable=["perturbations"])[1])
     perts = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), pert_shapes.get("perturbations", {}))
-    hybrid_rows = {layer_key(p): _row_params(m) for p, m in memories(state.collections).items()
-                   if m.spec.hybrid}
+    trained = {layer_key(p): _row_params(m) for p, m in memories(state.collections).items()
+               if m.policy is not None and m.policy.trains_rows}
 
     def objective(params, perts, rows=None):
         colls = _with_rows(state.collections, rows) if rows else state.collections
@@ -224,64 +170,77 @@ def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
         return loss_fn(out, y), aux.get("intermediates", {})
 
     row_grads = None
-    if hybrid_rows:
+    if trained:
         (loss, inter), (g_params, g_perts, row_grads) = jax.value_and_grad(
-            objective, argnums=(0, 1, 2), has_aux=True)(state.params, perts, hybrid_rows)
+            objective, argnums=(0, 1, 2), has_aux=True)(state.params, perts, trained)
     else:
         (loss, inter), (g_params, g_perts) = jax.value_and_grad(
             objective, argnums=(0, 1), has_aux=True)(state.params, perts)
     return StepGrads(loss, inter, g_perts, g_params, row_grads)
 
 
-def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int, hybrid_tx=None):
-    """Steps 3–5: the optax update of the parameters, the rows appended under each layer's
-    policy (and the hybrid update), ``step += 1``. ``-> (state, {"loss": loss})`` (pure)."""
+def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int):
+    """Steps 3–4: the optax update of the parameters, every layer's rows under its policy,
+    ``step += 1``. ``-> (state, {"loss": loss})`` (pure)."""
     params, opt_state = state.params, state.opt_state
     if tx is not None and jax.tree.leaves(params):
         updates, opt_state = tx.update(grads.g_params, opt_state, params)
         params = optax.apply_updates(params, updates)
-    collections = state.collections
-    policy_state, hybrid_state = state.policy_state, state.hybrid_state
+    collections, policy_state = state.collections, state.policy_state
     if "memory" in collections:
-        if policy_state is None and hybrid_state is None:
-            collections = grow(collections, grads.intermediates, grads.g, batch_size)
-        else:
-            collections, policy_state, hybrid_state = grow_step(
-                collections, grads.intermediates, grads.g, batch_size, policy_state=policy_state,
-                row_grads=grads.row_grads, hybrid_tx=hybrid_tx, hybrid_state=hybrid_state)
+        collections, policy_state = grow(collections, grads.intermediates, grads.g, batch_size,
+                                         policy_state=policy_state, row_grads=grads.row_grads)
     new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state,
-                              policy_state=policy_state, hybrid_state=hybrid_state)
+                              policy_state=policy_state)
     return new_state, {"loss": grads.loss}
 
 
-def train_step(model, loss_fn, tx, state: TrainState, x, y, hybrid_tx=None):
-    """One step (pure; jit it with ``model``, ``loss_fn``, ``tx`` and ``hybrid_tx`` static):
+def train_step(model, loss_fn, tx, state: TrainState, x, y):
+    """One step (pure; jit it with ``model``, ``loss_fn`` and ``tx`` static):
     :func:`step_gradients` then :func:`apply_step`.
 
     :class:`Trainer` runs the two halves as two jitted programs, the second one donating the
     state: in one program XLA copies every row table before the in-place append (its reads
     by retrieval come first), which cost 1.4× per step at 19k rows, d = 784.
     """
-    return apply_step(tx, state, step_gradients(model, loss_fn, state, x, y), x.shape[0], hybrid_tx=hybrid_tx)
+    return apply_step(tx, state, step_gradients(model, loss_fn, state, x, y), x.shape[0])
+
+
+def _per_layer(what: str, value, paths, default=None) -> Dict[tuple, Any]:
+    """``{path: value}`` from a single value, a ``{"layer/path": value}`` dict or a callable."""
+    if isinstance(value, dict):
+        names = {layer_key(p) for p in paths}
+        unknown = set(value) - names
+        if unknown:
+            raise ValueError(f"{what} names layers {sorted(unknown)} that the model does not have; "
+                             f"its growing layers are {sorted(names)}")
+        return {p: value.get(layer_key(p), default) for p in paths}
+    if callable(value):
+        return {p: value(layer_key(p)) for p in paths}
+    return {p: value for p in paths}
 
 
 class Trainer:
-    """Host-side driver: initialises a model, grows capacity, runs jitted steps.
+    """Host-side driver: initialises a model, makes room in every memory, runs jitted steps.
 
-    >>> trainer = Trainer(model, loss="squared_error", sample_input=x0, rng=jax.random.key(0))
+    >>> trainer = Trainer(model, loss="squared_error", sample_input=x0, rng=jax.random.key(0),
+    ...                   policy=policies.chain(policies.novelty(0.5), policies.capacity(10_000)))
     >>> metrics = trainer.step(x, y)
     >>> y_hat = trainer.predict(x_test)
+
+    ``policy``: a :class:`growmem.policies.Policy` for every growing layer, a
+    ``{"layer/path": policy}`` dict, or a function of the layer path (None: append every
+    candidate). ``backend``: where the rows live (:mod:`growmem.backends`: ``RAM()`` by default,
+    ``Sharded(mesh)``, ``Tiered(directory, ram_budget_bytes=...)``, or
+    ``Sharded(mesh, tiered=...)``), one for all layers or a dict per layer.
+    ``donate``: each step consumes the previous ``trainer.state`` so rows are appended in
+    place instead of copying every memory; keep a copy (``jax.tree.map(jnp.copy,
+    trainer.state)``) to step again from an old state, or pass ``donate=False``.
     """
 
     def __init__(self, model, *, loss="cross_entropy", tx: Optional[optax.GradientTransformation] = None,
-                 sample_input=None, rng=None, variables=None, growth: float = 2.0,
-                 hybrid_tx: Optional[optax.GradientTransformation] = None, donate: bool = True):
-        """``hybrid_tx`` trains the stored rows of hybrid layers (default ``optax.adam(1e-3)``).
-
-        ``donate``: each step consumes the previous ``trainer.state`` so rows are appended in
-        place instead of copying every memory; keep a copy (``jax.tree.map(jnp.copy,
-        trainer.state)``) to step again from an old state, or pass ``donate=False``.
-        """
+                 sample_input=None, rng=None, variables=None, growth: float = 2.0, policy=None, backend=None,
+                 donate: bool = True):
         self.model = model
         self.loss_fn = get_loss(loss)
         self.tx = tx
@@ -299,29 +258,34 @@ class Trainer:
         variables.pop("perturbations", None)
         opt_state = tx.init(params) if tx is not None else None
         mems = memories(variables)
-        policy_state = {layer_key(p): m.spec.policy.init(m) for p, m in mems.items() if m.spec.policy is not None}
-        hybrid = {layer_key(p): m for p, m in mems.items() if m.spec.hybrid}
-        if hybrid and hybrid_tx is None:
-            hybrid_tx = optax.adam(1e-3)
-        self.hybrid_tx = hybrid_tx
-        hybrid_state = {k: hybrid_tx.init(_row_params(m)) for k, m in hybrid.items()}
+        pols = _per_layer("policy", policy, list(mems))
+        bes = _per_layer("backend", backend, list(mems), backends.DEFAULT)
+        installed = {}
+        for p, m in mems.items():
+            pol, be = pols[p], bes[p] or backends.DEFAULT
+            if pol is not None and not isinstance(pol, polib.Policy):
+                raise TypeError(f"policy for layer {layer_key(p)} must be a growmem.policies.Policy "
+                                f"(e.g. policies.chain(...)), got {type(pol).__name__}")
+            polib.coefficient_fn(m.spec, pol)   # momentum set twice is an error now, not at the first step
+            be.register(m.replace(policy=pol), layer_key(p))
+        for p, m in mems.items():
+            installed[p] = (bes[p] or backends.DEFAULT).attach(m.replace(policy=pols[p]), layer_key(p))
+        variables = set_memories(variables, installed) if installed else variables
+        mems = memories(variables)
+        policy_state = {layer_key(p): m.policy.init(m) for p, m in mems.items() if m.policy is not None}
+        self.backends = {p: backends.of(m) for p, m in mems.items()}
         self.state = TrainState(step=jnp.zeros((), jnp.int32), params=params, collections=variables,
-                                opt_state=opt_state, policy_state=policy_state or None,
-                                hybrid_state=hybrid_state or None)
-        self._bound = {p: int(m.size) for p, m in mems.items()}
-        #: :class:`growmem.storage.spill.Spill` once :meth:`enable_spill` was called
-        self.spill = None
-        #: :class:`growmem.storage.sharded.RowShards` once :meth:`enable_sharding` was called
-        self.shards = None
-        #: per-layer upper bound on the hot capacity (set by spilling)
-        self._capacity_limit: Dict[tuple, int] = {}
+                                opt_state=opt_state, policy_state=policy_state or None)
+        self.state = self._place(self.state)
+        self._bound = {p: backends.of(m).fill(m) for p, m in mems.items()}
         # two programs: gradients (reads the state), then the update (consumes it, so rows are appended
         # in place); in one program XLA would copy every row table before the append (train_step)
         self._grads = jax.jit(functools.partial(step_gradients, model, self.loss_fn))
-        self._apply = jax.jit(functools.partial(apply_step, tx, hybrid_tx=hybrid_tx), static_argnums=2,
+        self._apply = jax.jit(functools.partial(apply_step, tx), static_argnums=2,
                               donate_argnums=0 if donate else ())
         self._predict = jax.jit(lambda v, x: model.apply(v, x))
 
+    # ------------------------------------------------------------------ state
     @property
     def variables(self):
         return {"params": self.state.params, **self.state.collections}
@@ -329,118 +293,208 @@ class Trainer:
     def memories(self) -> Dict[tuple, memlib.Memory]:
         return memories(self.state.collections)
 
-    def enable_spill(self, directory, *, ram_budget_bytes: int, **kwargs):
-        """Keep at most ``ram_budget_bytes`` of rows in RAM; older rows spill to TensorStore
-        (zarr v3) tiers under ``directory`` (a path or a TensorStore kvstore URL), one per layer.
-        Training and prediction still see every row. Returns the
-        :class:`growmem.storage.spill.Spill` (keyword arguments: ``chunk_rows``, ``read_ahead``,
-        ``compact_every``, ``overwrite``, and ``resume=True`` to reopen the tiers of a run before
-        restoring its checkpoint)."""
-        from .storage.spill import Spill
-
-        if self.spill is not None:
-            raise ValueError(f"this trainer already spills to {self.spill.directory}")
-        if self.shards is not None:
-            raise ValueError("this trainer's memories are sharded over a device mesh; spilling a sharded memory "
-                             "to disk is not supported — use one or the other")
-        return Spill(self, directory, ram_budget_bytes=ram_budget_bytes, **kwargs)
-
-    def enable_sharding(self, mesh=None, axis: str = "rows"):
-        """Shard every growing layer's rows along their axis over ``mesh`` (default: all devices).
-
-        Each device holds ``1/S`` of every memory's capacity; retrieval and novelty search
-        run per shard and merge (:class:`growmem.storage.sharded.RowShards`); everything
-        else in the state is replicated. Results equal the unsharded trainer's up to float
-        rounding. Single process (on a CPU host, force several devices with
-        ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before importing JAX); a
-        sharded memory across processes is :class:`growmem.storage.sharded.ShardedMemory`.
-        """
-        from .storage.sharded import RowShards, row_mesh
-
-        if self.spill is not None:
-            raise ValueError("this trainer spills to disk; a sharded memory that also spills is not supported")
-        if jax.process_count() > 1:
-            raise ValueError("Trainer.enable_sharding runs in a single process; across processes use "
-                             "growmem.storage.sharded.ShardedMemory (jax.distributed)")
-        mesh = row_mesh(axis=axis) if mesh is None else mesh
-        shards = RowShards(mesh, axis)
-        if memlib.ROW_QUANTUM % shards.n_shards:
-            raise ValueError(f"a mesh axis of {shards.n_shards} devices does not divide the row quantum "
-                             f"{memlib.ROW_QUANTUM}: use a power of two")
-        self.shards = shards
-        self.state = self._place(self.state)
-        return shards
-
-    def _place(self, state):
-        """Memories sharded along rows, every other leaf replicated over the trainer's mesh."""
-        rep = self.shards.replicated()
-
-        def put(x):
-            if memlib.is_memory(x):
-                return self.shards.place(x)
-            return jax.device_put(x, rep) if isinstance(x, (jax.Array, np.ndarray)) else x
-
-        return jax.tree.map(put, state, is_leaf=memlib.is_memory)
+    def _place(self, state: TrainState) -> TrainState:
+        """Every non-memory leaf where the backends compute (replicated over a mesh), each layer's
+        per-row policy state where its rows are."""
+        be = next((b for b in self.backends.values() if b.n_shards > 1), None) if self.backends else None
+        if be is None:
+            return state
+        pstate = state.policy_state
+        if pstate:
+            mems = {layer_key(p): m for p, m in memories(state.collections).items()}
+            pstate = {k: polib.map_row_state(backends.of(mems[k]).place_rows, st, mems[k].capacity)
+                      for k, st in pstate.items()}
+        placed = jax.tree.map(lambda x: x if memlib.is_memory(x) else be.place(x),
+                              state.replace(policy_state=None), is_leaf=memlib.is_memory)
+        if pstate:
+            pstate = jax.tree.map(lambda x: x if getattr(x, "sharding", None) == be.rows_sharding() else be.place(x),
+                                  pstate)
+        return placed.replace(policy_state=pstate)
 
     def set_state(self, state: TrainState):
         """Install ``state`` (e.g. a restored checkpoint) and reset the host-side row bounds."""
-        if self.shards is not None:
-            state = self._place(state)
+        state = self._place(state)
         self.state = state
-        self._bound = {p: int(m.size) for p, m in memories(state.collections).items()}
+        self._bound = {p: backends.of(m).fill(m) for p, m in memories(state.collections).items()}
 
     def rows_in_use(self) -> Dict[str, int]:
-        """Rows of every layer, ``{"layer/path": n}``: in RAM plus, when spilling, on disk."""
-        out = self.hot_rows()
-        if self.spill is not None:
-            for path, store in self.spill.stores.items():
-                out["/".join(path)] += store.rows
-        return out
+        """Rows of every layer, ``{"layer/path": n}``: wherever they live (RAM, shards, disk)."""
+        return {layer_key(p): backends.of(m).rows_in_use(m) for p, m in self.memories().items()}
 
     def hot_rows(self) -> Dict[str, int]:
-        """Rows of every layer held in memory (all of them unless spilling)."""
-        return {"/".join(p): int(m.size) for p, m in self.memories().items()}
+        """Rows of every layer held in device memory (all of them unless a tier spills to disk)."""
+        return {layer_key(p): backends.of(m).hot_rows(m) for p, m in self.memories().items()}
+
+    def cold_rows(self) -> Dict[str, int]:
+        """Rows of every layer kept off the device (on a disk tier; 0 in RAM)."""
+        return {layer_key(p): backends.of(m).cold_rows(m) for p, m in self.memories().items()}
+
+    def host_rows(self) -> Dict[str, Dict[str, Any]]:
+        """``{"layer/path": {"w", "k", "v", "born"}}``: every row as numpy, wherever it lives (cold
+        rows first, shard by shard) — for memories that fit in RAM (tests, export)."""
+        return {layer_key(p): backends.of(m).host_rows(m) for p, m in self.memories().items()}
+
+    def compact(self) -> Dict[str, int]:
+        """Run each layer policy's ``evict`` over the rows its backend keeps off the device (a
+        disk tier's cold rows: pruning); returns ``{"layer/path": rows removed}``."""
+        before = self.cold_rows()
+        pstate = self.state.policy_state or {}
+        mems = {p: backends.of(m).compact(m, polib.evictor(m.policy, pstate.get(layer_key(p))))
+                for p, m in self.memories().items()}
+        self.state = self.state.replace(collections=set_memories(self.state.collections, mems))
+        after = self.cold_rows()
+        return {k: before[k] - after[k] for k in before}
 
     def ensure_capacity(self, extra: int):
-        """Make room for ``extra`` more rows in every memory (syncs only when needed)."""
-        mems = self.memories()
-        changed = {}
-        for path, mem in mems.items():
-            if self._bound.get(path, 0) + extra > mem.capacity:
-                exact = int(mem.size)
+        """Let every memory's backend make room for ``extra`` more rows (syncs only when needed:
+        growing the capacity, spilling to disk)."""
+        changed, old_caps = {}, {}
+        for path, mem in self.memories().items():
+            be = backends.of(mem)
+            new, exact = be.prepare(mem, extra, self._bound[path], self.growth)
+            if exact is not None:
                 self._bound[path] = exact
-                if exact + extra > mem.capacity:
-                    target = max(exact + extra, int(np.ceil(mem.capacity * self.growth)))
-                    if path in self._capacity_limit:  # spilling keeps the hot rows within the budget
-                        target = max(exact + extra, min(target, self._capacity_limit[path]))
-                    changed[path] = memlib.with_capacity(mem, target)
+            if new is not mem:
+                changed[path] = new
+                old_caps[path] = mem.capacity
+                self._bound[path] = be.fill(new)
         if changed:
-            if self.shards is not None:
-                changed = {p: self.shards.place(m) for p, m in changed.items()}
-            hybrid_state = self.state.hybrid_state
-            if hybrid_state:
-                hybrid_state = dict(hybrid_state)
-                for path, m in changed.items():
-                    if layer_key(path) in hybrid_state:
-                        hybrid_state[layer_key(path)] = pad_rows(hybrid_state[layer_key(path)],
-                                                                 mems[path].capacity, m.capacity)
-            self.state = self.state.replace(collections=_set_memories(self.state.collections, changed),
-                                            hybrid_state=hybrid_state)
-            if self.shards is not None and hybrid_state:
-                self.state = self.state.replace(hybrid_state=self._place(hybrid_state))
+            self._install(changed, old_caps)
+        if any(be.due_compaction() for be in set(self.backends.values())):
+            self.compact()
 
+    def _install(self, changed, old_caps):
+        """Put host-changed memories into the state; per-row policy state follows a new capacity."""
+        pstate = self.state.policy_state
+        if pstate:
+            pstate = dict(pstate)
+            for path, m in changed.items():
+                key = layer_key(path)
+                if key in pstate and old_caps[path] != m.capacity:
+                    be = backends.of(m)
+                    pstate[key] = polib.map_row_state(lambda a: be.resize_rows(a, old_caps[path], m.capacity),
+                                                      pstate[key], old_caps[path])
+        self.state = self.state.replace(collections=set_memories(self.state.collections, changed),
+                                        policy_state=pstate)
+
+    # ------------------------------------------------------------------ steps
     def step(self, x, y) -> Dict[str, float]:
+        """One training step on the batch ``(x, y)``; returns ``{"loss": ...}`` (a device scalar)."""
         x = jnp.asarray(x)
         b = x.shape[0]
-        if self.spill is not None:
-            self.spill.before_step(b)
         self.ensure_capacity(b)
-        self.state, metrics = self._apply(self.state, self._grads(self.state, x, jnp.asarray(y)), b)
+        grads = self._grads(self.state, self._input(x), self._input(jnp.asarray(y)))
+        self.state, metrics = self._apply(self.state, grads, b)
         for path in self._bound:
             self._bound[path] += b
         return metrics
 
+    def _input(self, x):
+        be = next((b for b in self.backends.values() if b.n_shards > 1), None)
+        return x if be is None else be.place(x)
+
     def predict(self, x, batch_size: int = 1024):
-        outs = [self._predict(self.variables, jnp.asarray(x[i:i + batch_size]))
+        outs = [self._predict(self.variables, self._input(jnp.asarray(x[i:i + batch_size])))
                 for i in range(0, len(x), batch_size)]
         return jnp.concatenate(outs, axis=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the training loop
+
+
+def epoch_order(rng, epoch: int, n: int) -> np.ndarray:
+    """The permutation of ``n`` examples used in ``epoch`` (a pure function of ``rng``)."""
+    return np.asarray(jax.random.permutation(jax.random.fold_in(rng, epoch), n))
+
+
+class Batches:
+    """Mini-batches of arrays ``(x, y)`` in an epoch-wise shuffled order that is a pure function
+    of ``(rng, epoch)``, addressed by step: ``batches(step)`` is the batch of 1-based ``step``,
+    so a resumed run replays exactly the batches the interrupted one would have seen."""
+
+    def __init__(self, x, y, batch_size: int, *, rng=None, shuffle: bool = True, drop_last: bool = True):
+        self.x, self.y = x, y
+        self.n = len(x)
+        if batch_size <= 0 or batch_size > self.n:
+            raise ValueError(f"batch_size must be in [1, {self.n}], got {batch_size}")
+        self.batch_size = batch_size
+        self.rng = jax.random.key(0) if rng is None else rng
+        self.shuffle = shuffle
+        self.per_epoch = self.n // batch_size if drop_last else -(-self.n // batch_size)
+        self._order = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        if epoch not in self._order:
+            self._order = {epoch: epoch_order(self.rng, epoch, self.n)}
+        return self._order[epoch]
+
+    def position(self, step: int) -> dict:
+        """``{"epoch", "batch"}`` reached after 1-based ``step``."""
+        epoch, batch = divmod(step, self.per_epoch)
+        return {"epoch": epoch, "batch": batch}
+
+    def __call__(self, step: int):
+        epoch, b = divmod(step - 1, self.per_epoch)
+        idx = self.order(epoch)[b * self.batch_size:(b + 1) * self.batch_size]
+        return self.x[idx], self.y[idx]
+
+
+def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start: int = 0,
+        checkpoint: Optional[Callable[[int], Any]] = None, every: int = 0,
+        on_step: Optional[Callable[[int, dict], None]] = None, evaluate: Optional[Callable[[int], dict]] = None,
+        eval_every: int = 0, progress: bool = False, desc: str = "train", stop: Optional[Callable[[], bool]] = None
+        ) -> dict:
+    """The training loop used by the CLI, the benchmarks and the experiments.
+
+    Runs steps ``start+1 .. steps``: ``batches(step) -> (x, y)``; ``on_step(step, metrics)``
+    after each (``metrics["loss"]`` is a device scalar: reading it syncs); every ``eval_every``
+    steps (and at the end) ``evaluate(step) -> dict`` (a NaN/inf ``loss`` or metric stops the
+    run: it cannot recover); every ``every`` steps (and at the end) ``checkpoint(step)`` (e.g.
+    ``lambda step: ckpt.save(trainer, step, data_position={"step": step})``).
+    ``stop()`` is polled after every step (e.g. a Ctrl-C flag): the loop ends there, after a
+    checkpoint. A non-finite evaluation ends the loop without a checkpoint. Returns ``{"step", "evals", "seconds", "steps_per_second", "stopped"}``.
+    """
+    evals = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True)
+    t0 = time.perf_counter()
+    step, stopped = start, None
+    try:
+        for step in range(start + 1, steps + 1):
+            x, y = batches(step)
+            metrics = trainer.step(x, y)
+            if on_step is not None:
+                on_step(step, metrics)
+            last = step == steps
+            if evaluate is not None and eval_every and (step % eval_every == 0 or last):
+                ev = dict(evaluate(step), step=step)
+                evals.append(ev)
+                if bar is not None:
+                    bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in ev.items()
+                                     if k != "step"})
+                bad = [k for k, v in ev.items() if isinstance(v, float) and not math.isfinite(v)]
+                if bad:
+                    stopped = f"non-finite {', '.join(bad)} at step {step}"
+            if stopped:   # a diverged state is never checkpointed
+                break
+            if checkpoint is not None and every and (step % every == 0 or last):
+                checkpoint(step)
+            if bar is not None:
+                bar.update(1)
+            if stop is not None and stop():
+                stopped = f"stopped at step {step}"
+                if checkpoint is not None and every and step % every != 0:
+                    checkpoint(step)
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+    seconds = time.perf_counter() - t0
+    done = step - start
+    return {"step": step, "evals": evals, "seconds": seconds,
+            "steps_per_second": done / seconds if seconds > 0 and done > 0 else None, "stopped": stopped}

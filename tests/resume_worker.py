@@ -18,8 +18,8 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import growmem as gm  # noqa: E402
-from growmem.storage.checkpoint import Checkpointer  # noqa: E402
-from growmem.storage.loop import fit  # noqa: E402
+from growmem.checkpoint import Checkpointer  # noqa: E402
+from growmem.train import Batches, fit  # noqa: E402
 
 
 class Net(nn.Module):
@@ -59,10 +59,15 @@ def main():
         if a.sleep:
             time.sleep(a.sleep)
 
-    info = fit(trainer, x, y, batch_size=16, steps=a.steps, rng=jax.random.key(7), checkpointer=ckpt,
-               every=a.every, resume=a.resume, config=config, on_step=on_step)
+    batches = Batches(x, y, 16, rng=jax.random.key(7))
+    start = 0
+    if a.resume and ckpt is not None and ckpt.latest_step() is not None:
+        start = ckpt.restore(trainer, config=config).step
+    save = lambda step: ckpt.save(trainer, step, data_position=batches.position(step), config=config)
+    fit(trainer, batches, steps=a.steps, start=start, checkpoint=save if ckpt else None, every=a.every,
+        on_step=on_step)
     out = {"pred": np.asarray(trainer.predict(xt)), "step": np.asarray(int(trainer.state.step)),
-           "resumed_from": np.asarray(-1 if info["resumed_from"] is None else info["resumed_from"])}
+           "resumed_from": np.asarray(start if a.resume else -1)}
     for path, mem in trainer.memories().items():
         for f in ("w", "k", "v", "born"):
             out["/".join(path) + "/" + f] = np.asarray(getattr(mem, f))

@@ -48,8 +48,10 @@ def main():
                                initialization_timeout=120)
     from jax.sharding import Mesh
 
-    from growmem.storage import checkpoint as ck
-    from growmem.storage.sharded import FIELDS, ShardedMemory, row_mesh
+    from growmem import checkpoint as ck
+    from growmem.backends.sharded import Sharded, row_mesh
+    from growmem.memory import FIELDS
+    from growmem.store import Store
 
     assert jax.process_count() == nproc and len(jax.local_devices()) == 1
     spec = make_spec()
@@ -63,24 +65,25 @@ def main():
     c = ck.Checkpointer(ckpt_dir)
     if mode == "save":
         local = {mine: {f: a[mine * per:(mine + 1) * per] for f, a in rows.items()}}
-        sm = ShardedMemory.from_shard_rows(mesh, local, [per] * nproc, d_in=D, d_out=E, spec=spec, t=5,
-                                           placement="round_robin")
-        assert not sm.k.is_fully_addressable  # no process could gather the rows even if it tried
+        sm = Store.from_shard_rows(Sharded(mesh, placement="round_robin"), local, [per] * nproc, d_in=D, d_out=E,
+                                   spec=spec, t=5, name="mem")
+        assert not sm.mem.k.is_fully_addressable  # no process could gather the rows even if it tried
         res["assigned1"] = sm.append(cand1["w"], cand1["k"], cand1["v"], born=6)
         sm.advance(2)
-        c.save(None, STEP, sharded={"mem": sm})
+        c.save(None, STEP, stores={"mem": sm})
     else:
         # a mesh with another shard count cannot be filled across processes: a clear error, before any I/O
         try:
-            c.restore(sharded_mesh=Mesh(np.array(jax.devices()[:1]), ("rows",)))
+            c.restore(stores={"mem": Sharded(Mesh(np.array(jax.devices()[:1]), ("rows",)))})
         except ck.ConfigMismatchError as e:
             res["mismatch_error"] = str(e)
         try:
             ck.export(ckpt_dir, os.path.join(os.path.dirname(out), f"never{pid}.npz"))
         except ck.CheckpointError as e:
             res["export_error"] = str(e)
-        sm = c.restore(sharded_mesh=mesh, sharded_specs={"mem": spec}).sharded["mem"]
-        assert sm.k.sharding.mesh == mesh and not sm.k.is_fully_addressable
+        template = Store.create(spec, D, E, backend=Sharded(mesh), name="mem")
+        sm = c.restore(stores={"mem": template}).stores["mem"]
+        assert sm.mem.k.sharding.mesh == mesh and not sm.mem.k.is_fully_addressable
     res.update(host_sizes=sm.host_sizes, next_shard=sm.next_shard, t=int(sm.t), capacity=sm.capacity_per_shard,
                out=np.asarray(sm.retrieve(q).addressable_data(0)))
     for f in FIELDS:

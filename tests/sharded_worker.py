@@ -25,7 +25,8 @@ def main():
     import growmem as gm
     from growmem import memory as memlib
     from growmem.layers import retrieve
-    from growmem.storage.sharded import ShardedMemory, row_mesh
+    from growmem.backends.sharded import Sharded, row_mesh
+    from growmem.store import Store
 
     assert jax.process_count() == nproc and len(jax.local_devices()) == 1, (jax.process_count(), jax.local_devices())
     spec = gm.GrowingSpec.make("weighted_softmax", temperature=0.5, eta=1.0, beta=1.0, momentum=0.5, chunk=64)
@@ -42,8 +43,8 @@ def main():
     mine = shard_of_process[pid]
     # this process only ever holds its own rows
     local = {mine: {f: a[mine * per:(mine + 1) * per] for f, a in rows.items()}}
-    sm = ShardedMemory.from_shard_rows(mesh, local, [per] * nproc, d_in=d, d_out=e, spec=spec, t=5,
-                                       placement="least_filled")
+    sm = Store.from_shard_rows(Sharded(mesh, placement="least_filled"), local, [per] * nproc, d_in=d, d_out=e,
+                               spec=spec, t=5)
     out1 = np.asarray(sm.retrieve(q).addressable_data(0))
     sm.append(cand["w"], cand["k"], cand["v"], born=6)
     sm.advance()

@@ -13,8 +13,10 @@ import optax
 import pytest
 
 import growmem as gm
-from growmem.storage import checkpoint as ck
-from growmem.storage.loop import fit
+from growmem import checkpoint as ck
+from growmem.checkpoint import manager as ck_manager
+from growmem.train import Batches
+from growmem.train import fit as train_fit
 
 HERE = Path(__file__).resolve().parent
 WORKER = str(HERE / "resume_worker.py")
@@ -40,6 +42,11 @@ def _trainer(temperature=1.0, hidden=None, seed=0):
         model = gm.ResidualMLP(d_out=2, n_blocks=1, hidden=hidden)
         tx = optax.adam(1e-2)
     return gm.Trainer(model, loss="cross_entropy", tx=tx, sample_input=x[:8], rng=jax.random.key(seed))
+
+
+def fit(trainer, x, y, *, batch_size, steps, rng):
+    """Train ``steps`` steps on shuffled mini-batches of (x, y) with the one training loop."""
+    return train_fit(trainer, Batches(x, y, batch_size, rng=rng), steps=steps)
 
 
 def _bits_equal(a, b):
@@ -145,7 +152,7 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path):
         sys.path.insert(0, {str(HERE)!r})
         import numpy as np, jax
         import growmem as gm
-        from growmem.storage import checkpoint as ck
+        from growmem import checkpoint as ck
         from orbax.checkpoint._src.path import atomicity
         from test_checkpoint import _trainer, _data
         x, y = _data()
@@ -181,7 +188,7 @@ def test_incompatible_format_version_is_a_clear_error(tmp_path):
     meta = json.loads(meta_file.read_text())
     meta["format_version"] = 99
     meta_file.write_text(json.dumps(meta))
-    with pytest.raises(ck.IncompatibleVersionError, match="format version 99 .*reads format version 1"):
+    with pytest.raises(ck.IncompatibleVersionError, match="format version 99 .*reads format version 3"):
         c.restore(_trainer())
     with pytest.raises(ck.IncompatibleVersionError):
         ck.inspect(tmp_path / "c")
@@ -195,7 +202,7 @@ def test_truncated_file_is_a_clear_error(tmp_path):
     t.step(x[:8], y[:8])
     c = ck.Checkpointer(tmp_path / "c")
     c.save(t)
-    files = [p for p in (tmp_path / "c" / "1" / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
+    files = [p for p in (tmp_path / "c" / "1" / "host").rglob("*.npy") if p.is_file()]
     assert files
     for p in files:  # truncate every data file of the arrays
         p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
@@ -247,7 +254,8 @@ def test_inspect_and_export_give_rows_in_plain_numpy(tmp_path):
     c.save(t, policy={"name": "append_all"})
     c.close()
     info = ck.inspect(tmp_path / "c")
-    assert info["step"] == 3 and info["format_version"] == ck.FORMAT_VERSION and info["policy"]["name"] == "append_all"
+    assert info["step"] == 3 and info["format_version"] == ck_manager.FORMAT_VERSION
+    assert info["policy"]["name"] == "append_all" and info["verified"]
     rows = {l["layer"]: l for l in info["layers"]}
     assert rows["readout"]["rows"] == 8 + 3 * 8 and rows["readout"]["cold"] == 0
     assert rows["readout"]["kernel"] == "weighted_softmax" and rows["readout"]["temperature"] == 1.0

@@ -1,5 +1,6 @@
 """``growmem train --checkpoint-dir/--resume``, ``growmem inspect`` and ``growmem export``."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -7,6 +8,14 @@ import pytest
 from growmem import cli
 
 SMALL = ["--batch-size", "8", "--test-size", "32", "--eval-every", "2", "--blocks", "1"]
+
+
+def _fails(capsys, command, match):
+    """``command()`` exits 2 with one line on stderr matching ``match``."""
+    capsys.readouterr()
+    code = command()
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(match, err) and len(err.strip().splitlines()) == 1, (code, err)
 
 
 def _train(tmp_path, name, steps, *extra):
@@ -17,8 +26,7 @@ def test_train_resume_matches_an_uninterrupted_run_and_inspect_export_read_it(tm
     a, b = tmp_path / "ck-a", tmp_path / "ck-b"
     assert _train(tmp_path, "a", 6, "--checkpoint-dir", str(a)) == 0
     assert _train(tmp_path, "b", 4, "--checkpoint-dir", str(b)) == 0          # "interrupted" at step 4
-    with pytest.raises(SystemExit, match="--resume"):                          # no silent overwrite
-        _train(tmp_path, "b", 6, "--checkpoint-dir", str(b))
+    _fails(capsys, lambda: _train(tmp_path, "b", 6, "--checkpoint-dir", str(b)), "--resume")   # no silent overwrite
     assert _train(tmp_path, "b", 6, "--checkpoint-dir", str(b), "--resume") == 0
     assert "resumed from step 4" in capsys.readouterr().out
     ma = json.loads((tmp_path / "out-a" / "metrics.json").read_text())
@@ -28,7 +36,7 @@ def test_train_resume_matches_an_uninterrupted_run_and_inspect_export_read_it(tm
 
     assert cli.main(["inspect", str(b)]) == 0
     text = capsys.readouterr().out
-    for word in ("step         6", "readout", "block_0", "format       version 1", "created at"):
+    for word in ("step         6", "readout", "block_0", "format       version 3", "checksums    verified", "created at"):
         assert word in text, text
     assert cli.main(["inspect", str(b), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -45,17 +53,16 @@ def test_train_resume_matches_an_uninterrupted_run_and_inspect_export_read_it(tm
     assert desc["layers"]["readout"]["kernel"] == "weighted_softmax"
 
 
-def test_resume_with_a_different_model_config_names_the_difference(tmp_path):
+def test_resume_with_a_different_model_config_names_the_difference(tmp_path, capsys):
     d = tmp_path / "ck"
     assert _train(tmp_path, "a", 2, "--checkpoint-dir", str(d)) == 0
-    with pytest.raises(SystemExit, match=r"temperature: checkpoint 1.0, current 2.0"):
-        _train(tmp_path, "a", 4, "--checkpoint-dir", str(d), "--resume", "--temperature", "2.0")
+    _fails(capsys, lambda: _train(tmp_path, "a", 4, "--checkpoint-dir", str(d), "--resume", "--temperature", "2.0"),
+           r"temperature: checkpoint 1.0, current 2.0")
 
 
-def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path):
+def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(SystemExit, match="no complete checkpoint"):
-        cli.main(["inspect", str(tmp_path / "empty")])
+    _fails(capsys, lambda: cli.main(["inspect", str(tmp_path / "empty")]), "no complete checkpoint")
 
 
 def test_train_with_a_ram_budget_spills_and_resumes_exactly(tmp_path, capsys):
@@ -84,5 +91,4 @@ def test_train_with_a_ram_budget_spills_and_resumes_exactly(tmp_path, capsys):
     layers = {l["layer"]: l for l in json.loads(capsys.readouterr().out)["layers"]}
     assert all(l["cold"] > 0 and l["rows"] == l["hot"] + l["cold"] for l in layers.values()), layers
     assert {k: l["rows"] for k, l in layers.items()} == m["ram"]["rows"] == m["a"]["rows"]
-    with pytest.raises(SystemExit, match="cannot read"):
-        train("c", 2, "--ram-budget", "lots")
+    _fails(capsys, lambda: train("c", 2, "--ram-budget", "lots"), "cannot read")

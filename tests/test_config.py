@@ -27,16 +27,25 @@ def test_shipped_presets_load_into_specs_and_models(name):
 def test_hybrid_preset_has_the_table4_settings():
     pre = config.load("hybrid")
     s = pre.readout
-    assert (s.kernel, s.temperature, s.hybrid, s.init, s.init_rows) == ("weighted_softmax", 5.0, True, "random", 16)
+    assert (s.kernel, s.temperature, pre.hybrid_layers, s.init, s.init_rows) == (
+        "weighted_softmax", 5.0, ("block", "readout"), "random", 16)
     assert s.hyperparameters == {"eta": 1.0, "beta": 30.0}
-    assert s.policy is P.chain(P.novelty(0.72, relative=True), P.capacity(50016, "reject"))
+    assert pre.policy_entries == (("novelty", (("relative", True), ("tau", 0.72))),
+                                  ("capacity", (("max_rows", 50016), ("on_full", "reject"))))
+    assert repr(pre.policies()) == repr(P.chain(P.chain(P.novelty(0.72, relative=True), P.capacity(50016, "reject")),
+                                                 P.hybrid()))
+    assert pre.policies().trains_rows and pre.policies().max_rows == 50016
     assert pre.n_blocks == 3 and pre.settings["batch_size"] == 16
     assert pre.hybrid_tx() is not None
 
 
 def test_decaying_and_capped_presets_build_their_chains():
-    assert config.load("decaying").readout.policy is P.chain(P.weight_decay(0.003, prune_below=0.001))
-    assert config.load("capped").readout.policy is P.chain(P.capacity(20000, "evict_oldest"))
+    assert repr(config.load("decaying").policies()) == repr(P.chain(P.weight_decay(0.003, prune_below=0.001)))
+    assert config.load("decaying").policies().retention == 1 - 0.003
+    assert repr(config.load("capped").policies()) == repr(P.chain(P.capacity(20000, "evict_oldest")))
+    assert config.load("capped").policies().max_rows == 20000
+    # a policy is built anew for every trainer, like an optax tx: nothing is shared through a cache
+    assert config.load("capped").policies() is not config.load("capped").policies()
 
 
 def test_a_preset_trains_a_few_steps(tmp_path):
@@ -137,10 +146,11 @@ def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
                  "--steps", "2", "--eval-every", "1", "--test-size", "32", "--batch-size", "8",
                  "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert "capacity(max_rows=20000" in metrics["spec"]
+    assert "capacity(max_rows=20000" in metrics["policy"]["policy"]
     assert metrics["task"] == "teacher-student" and "final_test_loss" in metrics
-    with pytest.raises(SystemExit, match="no such preset"):
-        main(["train", "--policy", "no_such_preset", "--steps", "1"])
+    capsys.readouterr()
+    assert main(["train", "--policy", "no_such_preset", "--steps", "1"]) == 2
+    assert "no shipped preset" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
@@ -156,8 +166,10 @@ def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_pat
     assert 0.0 <= m["final_test_accuracy"] <= 1.0 and m["final_test_accuracy"] * 64 == round(m["final_test_accuracy"] * 64)
 
 
-def test_cli_train_names_the_paths_searched_when_mnist_is_missing(tmp_path, monkeypatch):
+def test_cli_train_names_the_paths_searched_when_mnist_is_missing(tmp_path, monkeypatch, capsys):
     from growmem.cli import main
-    monkeypatch.setattr(mnist, "candidate_dirs", lambda data_dir=None: [tmp_path / "nowhere"])
-    with pytest.raises(SystemExit, match="nowhere"):
-        main(["train", "--task", "mnist", "--steps", "1", "--out", str(tmp_path / "o")])
+    monkeypatch.setenv("GROWMEM_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert main(["train", "--task", "mnist", "--steps", "1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere" in err and len(err.strip().splitlines()) == 1

@@ -10,26 +10,29 @@ import pytest
 from growmem import memory as memlib
 from growmem import policies as P
 from growmem.layers import GrowingSpec, ResidualGrowingNet, rms_norm
-from growmem.train import Trainer, compact_rows
+from growmem.train import Trainer
 
 
-def _hybrid_spec(tau, max_rows, b, T=2.0, eta=1.0, beta=3.0, init="zeros"):
-    pol = P.chain(P.novelty(tau), P.capacity(max_rows, "reject"))
-    return GrowingSpec.make("weighted_softmax", eta=eta, beta=beta, temperature=T, init=init, init_rows=b,
-                            policy=pol, hybrid=True)
+def _hybrid_spec(b, T=2.0, eta=1.0, beta=3.0, init="zeros"):
+    return GrowingSpec.make("weighted_softmax", eta=eta, beta=beta, temperature=T, init=init, init_rows=b)
+
+
+def _hybrid_policy(tau, max_rows, tx=None):
+    return P.chain(P.novelty(tau), P.capacity(max_rows, "reject"), P.hybrid(tx))
 
 
 def test_initial_rows_are_zero_keys_and_values_with_weight_one_over_b():
     b = 16
-    net = ResidualGrowingNet(d_out=3, n_blocks=1, block=_hybrid_spec(1.0, 100, b), readout=_hybrid_spec(1.0, 100, b))
-    tr = Trainer(net, sample_input=np.ones((b, 5), np.float32))
+    net = ResidualGrowingNet(d_out=3, n_blocks=1, block=_hybrid_spec(b), readout=_hybrid_spec(b))
+    tr = Trainer(net, sample_input=np.ones((b, 5), np.float32), policy=_hybrid_policy(1.0, 100))
     for mem in tr.memories().values():
         rows = mem.rows()
         assert len(rows["w"]) == b
         np.testing.assert_array_equal(rows["k"], 0)
         np.testing.assert_array_equal(rows["v"], 0)
         np.testing.assert_allclose(rows["w"], 1.0 / b)
-    assert set(tr.state.hybrid_state) == {"block_0", "readout"}
+    assert set(tr.state.policy_state) == {"block_0", "readout"}
+    assert all(isinstance(st[2], P.RowState) for st in tr.state.policy_state.values())   # the hybrid stage's moments
 
 
 def test_hybrid_steps_equal_a_manual_alg4_with_a_handwritten_adam():
@@ -41,9 +44,9 @@ def test_hybrid_steps_equal_a_manual_alg4_with_a_handwritten_adam():
     X = np.array(rms_norm(jnp.asarray(rng.normal(size=(3 * b, d)), jnp.float32)))
     X[b + 1] = X[1] + 0.01                   # a query close to an earlier one: not novel
     Y = rng.integers(0, c, 3 * b)
-    spec = _hybrid_spec(tau, max_rows, b, T=T, eta=eta, beta=beta, init="random")
+    spec = _hybrid_spec(b, T=T, eta=eta, beta=beta, init="random")
     net = ResidualGrowingNet(d_out=c, n_blocks=0, readout=spec, normalize=False)
-    tr = Trainer(net, sample_input=X[:b], hybrid_tx=optax.adam(lr))
+    tr = Trainer(net, sample_input=X[:b], policy=_hybrid_policy(tau, max_rows, optax.adam(lr)))
 
     # manual state: rows in use and Adam moments (numpy, float64)
     d0 = tr.memories()[("readout",)].rows()
@@ -99,12 +102,11 @@ def test_capacity_growth_pads_the_optimizer_state():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(16 * b, 8)).astype(np.float32)   # 16 + 256 rows: outgrows 256
     Y = rng.integers(0, 4, len(X))
-    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=3.0, temperature=2.0, init="zeros", init_rows=b,
-                            hybrid=True)
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=3.0, temperature=2.0, init="zeros", init_rows=b)
     preds = []
     for capacity in (256, 512):
         net = ResidualGrowingNet(d_out=4, n_blocks=0, readout=spec, capacity=capacity)
-        tr = Trainer(net, sample_input=X[:b], hybrid_tx=optax.adam(1e-2))
+        tr = Trainer(net, sample_input=X[:b], policy=P.hybrid(optax.adam(1e-2)))
         for i in range(0, len(X), b):
             tr.step(X[i:i + b], Y[i:i + b])
         assert tr.rows_in_use()["readout"] == b + len(X)
@@ -113,18 +115,30 @@ def test_capacity_growth_pads_the_optimizer_state():
     np.testing.assert_allclose(preds[0], preds[1], rtol=1e-4, atol=1e-5)
 
 
-def test_compact_rows_moves_optimizer_moments_with_their_rows():
+@pytest.mark.parametrize("n_keep_out", [3, 7])   # fewer / more rows leave than the 4 candidates that enter
+def test_evictions_move_per_row_state_with_its_rows(n_keep_out):
+    """Per-row policy state (the hybrid optimizer's moments are one) follows its rows through
+    evictions; new rows start at zero; other state is left alone."""
     rng = np.random.default_rng(2)
     mem = memlib.from_rows(rng.random(10), rng.normal(size=(10, 3)), rng.normal(size=(10, 2)), capacity=256)
-    state = optax.adam(1e-3).init({"w": mem.w, "k": mem.k, "v": mem.v})
-    state = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape), a.dtype) if a.ndim else a + 5, state)
-    keep = jnp.asarray(rng.random(256) < 0.5)
-    got = jax.jit(compact_rows, static_argnums=3)(state, keep, mem.size, 256)
-    mu = state[0].mu
-    want = memlib.select(mem.replace(w=mu["w"], k=mu["k"], v=mu["v"]), keep)
-    np.testing.assert_array_equal(got[0].mu["k"], want.k)
-    np.testing.assert_array_equal(got[0].mu["w"], want.w)
-    assert int(got[0].count) == int(state[0].count)
+    drop = P.policy("drop", evict=lambda g, s: (g._replace(keep=g.keep.at[jnp.arange(n_keep_out) * 3 % 10].set(False)),
+                                               s))
+    # a state that identifies its row: a copy of the key, plus a scalar that must not move
+    tag = P.policy("tag", init=lambda m: P.RowState({"key": m.k, "count": jnp.int32(5)}))
+    pol = P.chain(drop, tag)
+    cand = __import__("growmem").rules.Rows(jnp.ones(4), jnp.asarray(rng.normal(size=(4, 3)), jnp.float32),
+                                           jnp.ones((4, 2)))
+    res = jax.jit(P.step, static_argnums=0)(pol, mem, cand, pol.init(mem))
+    out = res.mem.rows()
+    got = res.state[1].tree
+    n = len(out["k"])
+    assert n == 10 - n_keep_out + 4
+    new = {tuple(k) for k in np.asarray(cand.k)}
+    for i in range(n):
+        want = 0.0 if tuple(out["k"][i]) in new else out["k"][i]
+        np.testing.assert_array_equal(np.asarray(got["key"][i]), want)
+    np.testing.assert_array_equal(np.asarray(got["key"][n:]), 0.0)
+    assert int(got["count"]) == 5
 
 
 def test_weights_stay_non_negative_under_a_large_learning_rate():
@@ -132,11 +146,10 @@ def test_weights_stay_non_negative_under_a_large_learning_rate():
     rng = np.random.default_rng(3)
     X = rng.normal(size=(20 * b, 6)).astype(np.float32)
     Y = rng.integers(0, 3, len(X))
-    pol = P.chain(P.novelty(0.7, relative=True), P.capacity(64, "evict_oldest"))
-    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=3.0, temperature=1.0, init="zeros", init_rows=b,
-                            policy=pol, hybrid=True)
+    pol = P.chain(P.novelty(0.7, relative=True), P.capacity(64, "evict_oldest"), P.hybrid(optax.adam(0.5)))
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=3.0, temperature=1.0, init="zeros", init_rows=b)
     net = ResidualGrowingNet(d_out=3, n_blocks=1, block=spec, readout=spec)
-    tr = Trainer(net, sample_input=X[:b], hybrid_tx=optax.adam(0.5))
+    tr = Trainer(net, sample_input=X[:b], policy=pol)
     for i in range(0, len(X), b):
         tr.step(X[i:i + b], Y[i:i + b])
     for mem in tr.memories().values():
@@ -146,12 +159,12 @@ def test_weights_stay_non_negative_under_a_large_learning_rate():
 
 
 def test_grow_without_trainer_state_explains_what_a_hybrid_layer_needs():
-    from growmem.train import grow_step
-    spec = _hybrid_spec(1.0, 10, 2)
-    net = ResidualGrowingNet(d_out=2, n_blocks=0, readout=spec)
+    from growmem.train import grow, memories, set_memories
+    net = ResidualGrowingNet(d_out=2, n_blocks=0, readout=_hybrid_spec(2))
     x = np.ones((2, 3), np.float32)
     v = net.init(jax.random.key(0), x)
     _, inter = net.apply(v, x, mutable=["intermediates"])
+    mems = {p: m.replace(policy=_hybrid_policy(1.0, 10)) for p, m in memories(v).items()}
     g = {"readout": {"s": jnp.zeros((2, 2))}}
     with pytest.raises(ValueError, match="hybrid"):
-        grow_step({"memory": v["memory"]}, inter["intermediates"], g, 2)
+        grow(set_memories({"memory": v["memory"]}, mems), inter["intermediates"], g, 2)

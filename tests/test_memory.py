@@ -207,13 +207,13 @@ def test_trainer_two_programs_equal_the_one_program_train_step():
     """Trainer runs step_gradients and a donated apply_step; the composition is train_step."""
     from growmem import policies
 
-    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, init="random", init_rows=8,
-                            policy=policies.chain(policies.novelty(0.5), policies.weight_decay(0.01)))
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, init="random", init_rows=8)
     model = ResidualGrowingNet(d_out=3, n_blocks=1, block=spec, readout=spec, capacity=QUANTUM)
     r = np.random.default_rng(0)
     xs = r.normal(size=(6, 8, 5)).astype(np.float32)
     ys = r.integers(0, 3, size=(6, 8))
-    tr = Trainer(model, loss="cross_entropy", sample_input=xs[0])
+    tr = Trainer(model, loss="cross_entropy", sample_input=xs[0],
+                 policy=policies.chain(policies.novelty(0.5), policies.weight_decay(0.01)))
     state = jax.tree.map(jnp.copy, tr.state)
     one = jax.jit(lambda st, x, y: train_mod.train_step(model, train_mod.cross_entropy, None, st, x, y))
     for x, y in zip(xs, ys):

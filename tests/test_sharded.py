@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from growmem.storage.sharded import assign_shards
+from growmem.backends.sharded import assign_shards
 
 HERE = Path(__file__).resolve().parent
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
@@ -19,7 +19,8 @@ FOUR_DEVICES = textwrap.dedent("""
     import growmem as gm
     from growmem import memory as memlib
     from growmem.layers import retrieve
-    from growmem.storage.sharded import ShardedMemory, row_mesh
+    from growmem.backends.sharded import Sharded, row_mesh
+    from growmem.store import Store
 
     assert len(jax.devices()) == 4, jax.devices()
     rs = np.random.RandomState(0)
@@ -42,15 +43,15 @@ FOUR_DEVICES = textwrap.dedent("""
         if kernel != "weighted_softmax":
             grid = [(4, "least_filled")]
         for n_dev, placement in grid:
-            sm = ShardedMemory.from_memory(mem, row_mesh(n_dev), placement=placement)
-            assert sm.k.sharding.spec == jax.sharding.PartitionSpec("rows")
-            assert len({s.device for s in sm.k.addressable_shards}) == n_dev
+            sm = Store.from_memory(mem, Sharded(row_mesh(n_dev), placement=placement))
+            assert sm.mem.k.sharding.spec == jax.sharding.PartitionSpec("rows")
+            assert len({s.device for s in sm.mem.k.addressable_shards}) == n_dev
             out = np.asarray(sm.retrieve(q))
             assert np.abs(out - ref).max() <= 1e-5 * scale, (kernel, n_dev, placement, np.abs(out - ref).max())
             # appends (with growth of every shard's capacity) keep the equality
             sm.append(*cand, born=11, mask=mask)
             sm.advance()
-            assert sm.size == int(grown.size) and int(np.asarray(sm.sizes).sum()) == sm.size
+            assert sm.size == int(grown.size) and int(np.asarray(sm.mem.size).sum()) == sm.size
             assert sm.host_sizes.max() - sm.host_sizes.min() <= 1, sm.host_sizes
             out2 = np.asarray(sm.retrieve(q))
             assert np.abs(out2 - ref2).max() <= 1e-5 * (np.abs(ref2).max() + 1.0), (kernel, n_dev, placement)

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import growmem as gm
-from growmem.storage import checkpoint as ck
-from growmem.storage.sharded import FIELDS, ShardedMemory, row_mesh
+from growmem import checkpoint as ck
+from growmem.backends.sharded import Sharded, row_mesh
+from growmem.memory import FIELDS
+from growmem.store import Store
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -52,8 +54,10 @@ _PRELUDE = textwrap.dedent("""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, numpy as np
     import growmem as gm
-    from growmem.storage import checkpoint as ck
-    from growmem.storage.sharded import FIELDS, ShardedMemory, row_mesh
+    from growmem import checkpoint as ck
+    from growmem.backends.sharded import Sharded, row_mesh
+    from growmem.memory import FIELDS
+    from growmem.store import Store
     assert len(jax.devices()) == 4, jax.devices()
     ckpt_dir, out = sys.argv[1], sys.argv[2]
     spec = gm.GrowingSpec.make("weighted_softmax", temperature=0.5, eta=1.0, beta=1.0, momentum=0.5, chunk=64)
@@ -81,7 +85,7 @@ _PRELUDE = textwrap.dedent("""
 SAVE_4 = _PRELUDE + textwrap.dedent("""
     from growmem import memory as memlib
     mem = memlib.from_rows(rows["w"], rows["k"], rows["v"], rows["born"], spec=spec).replace(t=3)
-    sm = ShardedMemory.from_memory(mem, row_mesh(4), placement="round_robin")
+    sm = Store.from_memory(mem, Sharded(row_mesh(4), placement="round_robin"), name="mem")
     sm.append(*cand1, born=4, mask=mask1)
     sm.advance(2)
     res = {"rows_" + f: a for f, a in rows.items()}
@@ -89,7 +93,7 @@ SAVE_4 = _PRELUDE + textwrap.dedent("""
                **{f"cand2_{i}": a for i, a in enumerate(cand2)})
     dump(sm, "", res)
     with ck.Checkpointer(ckpt_dir) as c:
-        c.save(None, 5, sharded={"mem": sm})
+        c.save(None, 5, stores={"mem": sm})
     # the original keeps going: the restored memory must continue exactly like it
     res["assigned2"] = sm.append(*cand2, born=6)
     sm.advance()
@@ -101,17 +105,17 @@ SAVE_4 = _PRELUDE + textwrap.dedent("""
 RESTORE_4 = _PRELUDE + textwrap.dedent("""
     res = {}
     with ck.Checkpointer(ckpt_dir, create=False) as c:
-        r = c.restore(sharded_mesh=row_mesh(4))
-        sm = r.sharded["mem"]
+        r = c.restore(stores={"mem": Sharded(row_mesh(4))})
+        sm = r.stores["mem"]
         assert sm.spec == spec, sm.spec                    # rebuilt from the saved JSON
-        assert sm.k.sharding.spec == jax.sharding.PartitionSpec("rows")
-        assert len({s.device for s in sm.k.addressable_shards}) == 4
+        assert sm.mem.k.sharding.spec == jax.sharding.PartitionSpec("rows")
+        assert len({s.device for s in sm.mem.k.addressable_shards}) == 4
         dump(sm, "", res)
         res["assigned2"] = sm.append(*cand2, born=6)
         sm.advance()
         dump(sm, "after_", res)
         # another shard count: the rows are re-distributed over 2 shards
-        sm2 = c.restore(sharded_mesh={"mem": row_mesh(2)}).sharded["mem"]
+        sm2 = c.restore(stores={"mem": Sharded(row_mesh(2))}).stores["mem"]
         assert sm2.n_shards == 2
         res["redist_host_sizes"] = sm2.host_sizes
         res["redist_out"] = np.asarray(sm2.retrieve(q))
@@ -184,7 +188,7 @@ def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(t
     saved = _two_processes(distributed_run, "save", ckpt_dir, tmp_path)
     # each process wrote its own shard's data (Orbax: one OCDBT sub-store per process)
     for i in range(2):
-        sub = ckpt_dir / str(worker.STEP) / "state" / f"ocdbt.process_{i}"
+        sub = ckpt_dir / str(worker.STEP) / "global" / f"ocdbt.process_{i}"
         assert sub.is_dir() and any(p.is_file() for p in (sub / "d").iterdir()), sub
     restored = _two_processes(distributed_run, "restore", ckpt_dir, tmp_path)
     rows, q, cand1, cand2 = worker.make_data()
@@ -229,7 +233,7 @@ def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(t
     layer = {l["layer"]: l for l in info["layers"]}["mem"]
     sizes = saved[0]["host_sizes"].tolist()
     assert layer["shards"] == sizes and layer["rows"] == sum(sizes) == worker.N + 30
-    assert info["format_version"] == ck.SHARDED_FORMAT_VERSION
+    assert info["format_version"] == ck.manager.FORMAT_VERSION
     assert f"rows per shard: [{sizes[0]}, {sizes[1]}]" in ck.format_inspect(info)
     desc = ck.export(ckpt_dir, tmp_path / "rows.npz")
     z = np.load(tmp_path / "rows.npz")
@@ -238,7 +242,7 @@ def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(t
         want_f = np.concatenate([by_shard[j]["block_" + f][:sizes[j]] for j in range(2)])
         assert _bits(z["mem/" + f], want_f), f
     with ck.Checkpointer(ckpt_dir, create=False) as c:
-        sm = c.restore(sharded_mesh=row_mesh(1)).sharded["mem"]
+        sm = c.restore(stores={"mem": Sharded(row_mesh(1))}).stores["mem"]
     assert sm.host_sizes.tolist() == [worker.N + 30]
     assert _close(sm.retrieve(q), want)
 
@@ -247,7 +251,7 @@ def test_two_processes_save_their_own_shards_and_restore_them_in_new_processes(t
 
 def _small(temperature=0.5, n=21, seed=0):
     rs = np.random.RandomState(seed)
-    sm = ShardedMemory.empty(row_mesh(1), 6, 2, spec=_spec(temperature))
+    sm = Store.create(_spec(temperature), 6, 2, backend=Sharded(row_mesh(1)), name="mem")
     sm.append(rs.rand(n).astype(np.float32), rs.randn(n, 6).astype(np.float32), rs.randn(n, 2).astype(np.float32))
     sm.advance(3)
     return sm
@@ -256,24 +260,26 @@ def _small(temperature=0.5, n=21, seed=0):
 def test_mismatched_spec_unknown_layer_and_bad_checksum_are_clear_errors(tmp_path):
     sm = _small()
     with ck.Checkpointer(tmp_path / "c") as c:
-        c.save(None, 1, sharded={"mem": sm})
-        with pytest.raises(ck.ConfigMismatchError, match=r"sharded layer mem: temperature: checkpoint 0.5, "
+        c.save(None, 1, stores={"mem": sm})
+        other_spec = Store.create(_spec(temperature=1.0), 6, 2, backend=Sharded(row_mesh(1)))
+        with pytest.raises(ck.ConfigMismatchError, match=r"memory mem: temperature: checkpoint 0.5, "
                                                          r"current 1.0"):
-            c.restore(sharded_mesh=row_mesh(1), sharded_specs={"mem": _spec(temperature=1.0)})
-        with pytest.raises(ck.ConfigMismatchError, match=r"no sharded layer \['other'\]; it holds \['mem'\]"):
-            c.restore(sharded_mesh={"other": row_mesh(1)})
-        # the matching spec restores, and without sharded_mesh the sharded layers are left alone
-        r = c.restore(sharded_mesh=row_mesh(1), sharded_specs={"mem": _spec()})
-        assert _bits(r.sharded["mem"].shard_rows(0)["k"], sm.shard_rows(0)["k"]) and r.sharded["mem"].size == 21
-        assert c.restore().sharded == {}
+            c.restore(stores={"mem": other_spec})
+        with pytest.raises(ck.ConfigMismatchError, match=r"no stand-alone memory \['other'\] in the checkpoint "
+                                                         r"\(it holds \['mem'\]\)"):
+            c.restore(stores={"other": Sharded(row_mesh(1))})
+        # the matching spec restores, and without stores= the stand-alone memories are left alone
+        r = c.restore(stores={"mem": Store.create(_spec(), 6, 2, backend=Sharded(row_mesh(1)))})
+        assert _bits(r.stores["mem"].shard_rows(0)["k"], sm.shard_rows(0)["k"]) and r.stores["mem"].size == 21
+        assert c.restore().stores == {}
     meta_file = tmp_path / "c" / "1" / "meta" / "metadata"
     meta = json.loads(meta_file.read_text())
-    meta["sharded"][0]["crc32"]["k"][0] ^= 1
+    meta["shard_crc32"]["store_mem_k"]["0"] ^= 1
     meta_file.write_text(json.dumps(meta))
     with ck.Checkpointer(tmp_path / "c", create=False) as c:
-        with pytest.raises(ck.CorruptCheckpointError, match="sharded layer mem field k shard 0 does not match"):
-            c.restore(sharded_mesh=row_mesh(1))
-        assert c.restore(sharded_mesh=row_mesh(1), verify=False).sharded["mem"].size == 21
+        with pytest.raises(ck.CorruptCheckpointError, match=r"store_mem_k \(shard at row 0\) does not match"):
+            c.restore(stores={"mem": Sharded(row_mesh(1))})
+        assert c.restore(stores={"mem": Sharded(row_mesh(1))}, verify=False).stores["mem"].size == 21
 
 
 def test_sharded_layers_sit_beside_a_trainer_state_in_one_checkpoint(tmp_path):
@@ -293,12 +299,12 @@ def test_sharded_layers_sit_beside_a_trainer_state_in_one_checkpoint(tmp_path):
                                                           jax.tree_util.tree_leaves(s2)))
 
     with ck.Checkpointer(tmp_path / "c") as c:
-        c.save(t, sharded={"a/b": sm})
+        c.save(t, stores={"a/b": sm})
         t2 = gm.Trainer(model, loss="cross_entropy", sample_input=x[:8], rng=jax.random.key(1))
         assert not same_state(t.state, t2.state)  # another seed: other initial rows
-        r = c.restore(t2, sharded_mesh=row_mesh(1))
-    assert set(r.sharded) == {"a/b"} and r.sharded["a/b"].host_sizes.tolist() == [13]
-    assert _bits(r.sharded["a/b"].shard_rows(0)["v"], sm.shard_rows(0)["v"])
+        r = c.restore(t2, stores={"a/b": Sharded(row_mesh(1))})
+    assert set(r.stores) == {"a/b"} and r.stores["a/b"].host_sizes.tolist() == [13]
+    assert _bits(r.stores["a/b"].shard_rows(0)["v"], sm.shard_rows(0)["v"])
     assert same_state(t.state, t2.state)
     info = ck.inspect(tmp_path / "c")
     names = [l["layer"] for l in info["layers"]]

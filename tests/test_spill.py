@@ -9,8 +9,8 @@ import pytest
 
 from growmem import GrowingSpec, ResidualGrowingNet, Trainer
 from growmem import policies
-from growmem.storage.checkpoint import Checkpointer, CheckpointError
-from growmem.storage.tiered import TierError, row_bytes
+from growmem.backends.tiered import Tiered, TierError, row_bytes
+from growmem.checkpoint import Checkpointer, CheckpointError
 
 D, B, CHUNK = 8, 32, 256
 
@@ -26,12 +26,19 @@ def _data(n_batches, seed=0, prototypes=None):
     return x, np.sin(x[:, :2]).astype(np.float32)
 
 
-def _spec(kernel, policy=None):
+def _spec(kernel, momentum=True):
     if kernel == "weighted_softmax":
-        return GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, momentum=0.0 if policy else 0.5,
-                                init="random", init_rows=B, policy=policy)
+        return GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5, momentum=0.5 if momentum else 0.0,
+                                init="random", init_rows=B)
     # the linear dual form sums ⟨k, q⟩ = O(d) per row: a smaller η keeps 60 steps stable
-    return GrowingSpec.make(kernel, eta=0.1 if kernel == "rbf" else 0.005, temperature=1.0, policy=policy)
+    return GrowingSpec.make(kernel, eta=0.1 if kernel == "rbf" else 0.005, temperature=1.0)
+
+
+def _spilling(model, directory, budget, policy=None, **kw):
+    """A trainer whose rows past the budget spill to tiers under ``directory``."""
+    tier = Tiered(directory, ram_budget_bytes=budget, **kw)
+    return Trainer(model, loss="squared_error", sample_input=np.zeros((1, D), np.float32), policy=policy,
+                   backend=tier), tier
 
 
 def _model(spec):
@@ -47,8 +54,8 @@ def _run(trainer, x, y, steps, start=0):
         trainer.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
 
 
-def _rows_match(ref_trainer, spill, rtol=1e-3, atol=1e-5):
-    rows = spill.all_rows()
+def _rows_match(ref_trainer, spilling, rtol=1e-3, atol=1e-5):
+    rows = spilling.host_rows()
     for path, mem in ref_trainer.memories().items():
         ref = mem.rows()
         got = rows["/".join(path)]
@@ -64,21 +71,20 @@ def test_spilled_training_matches_all_in_ram(tmp_path, kernel):
     x, y = _data(60)
     model = _model(_spec(kernel))
     ref = Trainer(model, loss="squared_error", sample_input=x[:1])
-    sp_tr = Trainer(model, loss="squared_error", sample_input=x[:1])
-    spill = sp_tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    sp_tr, spill = _spilling(model, tmp_path / "tier", _budget(1024), chunk_rows=CHUNK)
     _run(ref, x, y, 60)
     _run(sp_tr, x, y, 60)
-    cold = spill.cold_rows()
+    cold = sp_tr.cold_rows()
     hot = sp_tr.hot_rows()
     assert sp_tr.rows_in_use() == ref.rows_in_use()
     total = ref.rows_in_use()
     assert all(cold[k] >= 2 * CHUNK for k in cold), cold          # several spills happened
-    assert all(hot[k] <= spill.hot_rows for k in hot), hot        # the hot rows stayed within the budget
+    assert all(hot[k] <= spill.hot_rows_per_layer for k in hot), hot   # the hot rows stayed within the budget
     assert all(m.capacity <= 1024 for m in sp_tr.memories().values())
     assert {k: cold[k] + hot[k] for k in hot} == total
     # the layers below the readout learned from g that flowed back through the readout's cold
     # rows: rows and predictions equal the all-in-RAM run up to float rounding
-    _rows_match(ref, spill)
+    _rows_match(ref, sp_tr)
     xt = np.random.default_rng(1).normal(size=(64, D)).astype(np.float32)
     pr, ps = np.asarray(ref.predict(xt)), np.asarray(sp_tr.predict(xt))
     assert np.abs(pr).max() > 1e-2
@@ -87,19 +93,18 @@ def test_spilled_training_matches_all_in_ram(tmp_path, kernel):
 
 def test_policies_across_tiers(tmp_path):
     """Novelty admission sees the cold keys; decay and momentum reach the cold rows lazily."""
-    pol = policies.chain(policies.novelty(0.3), policies.weight_decay(0.01), policies.momentum(0.5))
+    pol = lambda: policies.chain(policies.novelty(0.3), policies.weight_decay(0.01), policies.momentum(0.5))
     steps = 100
     x, y = _data(steps, prototypes=2000)
-    model = _model(_spec("weighted_softmax", pol))
-    ref = Trainer(model, loss="squared_error", sample_input=x[:1])
-    sp_tr = Trainer(model, loss="squared_error", sample_input=x[:1])
-    spill = sp_tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    model = _model(_spec("weighted_softmax", momentum=False))
+    ref = Trainer(model, loss="squared_error", sample_input=x[:1], policy=pol())
+    sp_tr, _ = _spilling(model, tmp_path / "tier", _budget(1024), pol(), chunk_rows=CHUNK)
     _run(ref, x, y, steps)
     _run(sp_tr, x, y, steps)
     total = ref.rows_in_use()
     assert all(n < B + steps * B * 0.8 for n in total.values()), total     # novelty refused candidates
-    assert all(n >= 2 * CHUNK for n in spill.cold_rows().values()), spill.cold_rows()
-    _rows_match(ref, spill)
+    assert all(n >= 2 * CHUNK for n in sp_tr.cold_rows().values()), sp_tr.cold_rows()
+    _rows_match(ref, sp_tr)
     xt = x[:64] + 0.01
     np.testing.assert_allclose(np.asarray(sp_tr.predict(xt)), np.asarray(ref.predict(xt)), rtol=2e-4, atol=1e-5)
 
@@ -109,21 +114,20 @@ def test_cold_pruning_by_compaction(tmp_path):
     eps = 0.01
     pol = policies.weight_decay(0.005, prune_below=eps)
     x, y = _data(70)
-    model = _model(_spec("rbf", pol))
-    tr = Trainer(model, loss="squared_error", sample_input=x[:1])
-    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    model = _model(_spec("rbf"))
+    tr, _ = _spilling(model, tmp_path / "tier", _budget(1024), pol, chunk_rows=CHUNK)
     _run(tr, x, y, 70)
-    before = {k: v for k, v in spill.all_rows().items()}
-    n_cold = spill.cold_rows()
+    before = {k: v for k, v in tr.host_rows().items()}
+    n_cold = tr.cold_rows()
     assert all(n >= CHUNK for n in n_cold.values())
     # independent rule (App. D.1, RBF): a row goes when ‖v‖ < ε, on the cold rows as decayed now
     expect = {k: np.linalg.norm(r["v"][:n_cold[k]], axis=1) >= eps for k, r in before.items()}
     assert any((~m).any() for m in expect.values()) and any(m.any() for m in expect.values())
-    removed = spill.compact()
-    after = spill.all_rows()
+    removed = tr.compact()
+    after = tr.host_rows()
     for k, keep in expect.items():
         assert removed[k] == int((~keep).sum())
-        assert spill.cold_rows()[k] == int(keep.sum())
+        assert tr.cold_rows()[k] == int(keep.sum())
         for f in ("k", "v", "born"):
             np.testing.assert_allclose(after[k][f][:keep.sum()], before[k][f][:n_cold[k]][keep], rtol=1e-6)
     tr.step(x[:B], y[:B])   # training goes on over the compacted tier
@@ -135,99 +139,85 @@ def test_resume_from_checkpoint_is_exact(tmp_path):
     x, y = _data(60)
     model = _model(_spec("weighted_softmax"))
     budget = _budget(1024)
-    a = Trainer(model, loss="squared_error", sample_input=x[:1])
-    a.enable_spill(tmp_path / "a", ram_budget_bytes=budget, chunk_rows=CHUNK)
+    a, _ = _spilling(model, tmp_path / "a", budget, chunk_rows=CHUNK)
     _run(a, x, y, 60)
 
-    b = Trainer(model, loss="squared_error", sample_input=x[:1])
-    sb = b.enable_spill(tmp_path / "b", ram_budget_bytes=budget, chunk_rows=CHUNK)
+    b, _ = _spilling(model, tmp_path / "b", budget, chunk_rows=CHUNK)
     ck = Checkpointer(tmp_path / "ckpt")
     _run(b, x, y, 40)
-    cold_at_save = sb.cold_rows()
+    cold_at_save = b.cold_rows()
     assert all(n > 0 for n in cold_at_save.values())
     ck.save(b)
     _run(b, x, y, 56, start=40)
-    assert sb.cold_rows() != cold_at_save                     # rows written after the checkpoint
+    assert b.cold_rows() != cold_at_save                     # rows written after the checkpoint
 
-    c = Trainer(model, loss="squared_error", sample_input=x[:1])
-    sc = c.enable_spill(tmp_path / "b", ram_budget_bytes=budget, chunk_rows=CHUNK, resume=True)
+    c, _ = _spilling(model, tmp_path / "b", budget, chunk_rows=CHUNK, resume=True)
     r = ck.restore(c)
-    assert r.step == 40 and sc.cold_rows() == cold_at_save
+    assert r.step == 40 and c.cold_rows() == cold_at_save
     _run(c, x, y, 60, start=40)
     xt = x[:64]
     np.testing.assert_array_equal(np.asarray(c.predict(xt)), np.asarray(a.predict(xt)))
-    ra, rc = a.spill.all_rows(), sc.all_rows()
+    ra, rc = a.host_rows(), c.host_rows()
     for k in ra:
         for f in ra[k]:
             np.testing.assert_array_equal(rc[k][f], ra[k][f])
 
 
 def test_export_and_inspect_include_cold_rows(tmp_path):
-    from growmem.storage.checkpoint import export, inspect
+    from growmem.checkpoint import export, inspect
 
     x, y = _data(40)
-    model = _model(_spec("rbf", policies.weight_decay(0.01)))
-    tr = Trainer(model, loss="squared_error", sample_input=x[:1])
-    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    model = _model(_spec("rbf"))
+    tr, _ = _spilling(model, tmp_path / "tier", _budget(1024), policies.weight_decay(0.01), chunk_rows=CHUNK)
     _run(tr, x, y, 40)
     Checkpointer(tmp_path / "ckpt").save(tr)
     info = {l["layer"]: l for l in inspect(tmp_path / "ckpt")["layers"]}
-    hot, cold = tr.hot_rows(), spill.cold_rows()
+    hot, cold = tr.hot_rows(), tr.cold_rows()
     for k in hot:
         assert (info[k]["hot"], info[k]["cold"], info[k]["rows"]) == (hot[k], cold[k], hot[k] + cold[k])
     export(tmp_path / "ckpt", tmp_path / "rows.npz")
     z = np.load(tmp_path / "rows.npz")
-    for k, rows in spill.all_rows().items():
+    for k, rows in tr.host_rows().items():
         for f in ("w", "k", "v", "born"):
             np.testing.assert_allclose(z[f"{k}/{f}"], rows[f], rtol=1e-6)
 
 
 def test_preallocated_capacity_past_the_budget_is_given_back(tmp_path):
     x, _ = _data(1)
-    tr = Trainer(ResidualGrowingNet(d_out=2, n_blocks=1, block=_spec("rbf"), readout=_spec("rbf"), capacity=8192),
-                 loss="squared_error", sample_input=x[:1])
-    assert {m.capacity for m in tr.memories().values()} == {8192}
-    spill = tr.enable_spill(tmp_path / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
-    assert spill.hot_rows == 1024 and {m.capacity for m in tr.memories().values()} == {1024}
+    model = ResidualGrowingNet(d_out=2, n_blocks=1, block=_spec("rbf"), readout=_spec("rbf"), capacity=8192)
+    assert {m.capacity for m in Trainer(model, loss="squared_error", sample_input=x[:1]).memories().values()} == {8192}
+    tr, spill = _spilling(model, tmp_path / "tier", _budget(1024), chunk_rows=CHUNK)
+    assert spill.hot_rows_per_layer == 1024 and {m.capacity for m in tr.memories().values()} == {1024}
 
 
 def test_errors(tmp_path):
     x, y = _data(2)
-    hybrid = _spec("weighted_softmax").__class__.make("weighted_softmax", eta=1.0, beta=0.5, init="random",
-                                                      init_rows=B, hybrid=True)
     with pytest.raises(ValueError, match="hybrid"):
-        Trainer(_model(hybrid), loss="squared_error", sample_input=x[:1]).enable_spill(
-            tmp_path / "h", ram_budget_bytes=_budget(1024))
-    capped = _spec("rbf", policies.capacity(100))
+        _spilling(_model(_spec("weighted_softmax")), tmp_path / "h", _budget(1024), policies.hybrid())
     with pytest.raises(ValueError, match="capacity"):
-        Trainer(_model(capped), loss="squared_error", sample_input=x[:1]).enable_spill(
-            tmp_path / "c", ram_budget_bytes=_budget(1024))
+        _spilling(_model(_spec("rbf")), tmp_path / "c", _budget(1024), policies.capacity(100))
     with pytest.raises(ValueError, match="RAM budget"):
-        Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1]).enable_spill(
-            tmp_path / "s", ram_budget_bytes=_budget(300), chunk_rows=CHUNK)
+        _spilling(_model(_spec("rbf")), tmp_path / "s", _budget(300), chunk_rows=CHUNK)
     # a checkpoint of a spilling run cannot be restored into a trainer that does not spill
-    tr = Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1])
-    tr.enable_spill(tmp_path / "t", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    tr, _ = _spilling(_model(_spec("rbf")), tmp_path / "t", _budget(1024), chunk_rows=CHUNK)
     _run(tr, x, y, 2)
     Checkpointer(tmp_path / "ck").save(tr)
-    with pytest.raises(CheckpointError, match="enable_spill"):
+    with pytest.raises(CheckpointError, match="Tiered backend"):
         Checkpointer(tmp_path / "ck").restore(Trainer(_model(_spec("rbf")), loss="squared_error",
                                                       sample_input=x[:1]))
     # the tier exists: creating it again without overwrite/resume is refused
     with pytest.raises(TierError, match="already exists"):
-        Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1]).enable_spill(
-            tmp_path / "t", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+        _spilling(_model(_spec("rbf")), tmp_path / "t", _budget(1024), chunk_rows=CHUNK)
 
 
 def test_disk_full_during_training_is_a_clear_error_and_loses_nothing(small_tmpfs):
     """A spill that fills the disk raises TierWriteError before the step; the trainer keeps every
     row and can still predict (and train on, once there is room)."""
-    from growmem.storage.tiered import TierWriteError
+    from growmem.backends.tiered import TierWriteError
 
     mnt = small_tmpfs("160k")
     x, y = _data(80)
-    tr = Trainer(_model(_spec("rbf")), loss="squared_error", sample_input=x[:1])
-    spill = tr.enable_spill(mnt / "tier", ram_budget_bytes=_budget(1024), chunk_rows=CHUNK)
+    tr, _ = _spilling(_model(_spec("rbf")), mnt / "tier", _budget(1024), chunk_rows=CHUNK)
     err = None
     for i in range(80):
         before = (tr.rows_in_use(), int(tr.state.step))
@@ -239,7 +229,7 @@ def test_disk_full_during_training_is_a_clear_error_and_loses_nothing(small_tmpf
             break
     assert err is not None, "the filesystem never filled"
     assert "space" in str(err).lower() and "unchanged" in str(err)
-    assert sum(spill.cold_rows().values()) > 0      # earlier spills landed before the disk filled
+    assert sum(tr.cold_rows().values()) > 0      # earlier spills landed before the disk filled
     # a layer that spilled before the failing one moved its rows completely: none lost or doubled
     assert (tr.rows_in_use(), int(tr.state.step)) == before
     np.testing.assert_allclose(np.asarray(tr.predict(x[:16])), probe, rtol=1e-5, atol=1e-6)

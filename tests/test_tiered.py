@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import growmem as gm
+from growmem import checkpoint as ck
 from growmem import memory as memlib
+from growmem.backends.tiered import ColdTier, Tiered, TierError, TierWriteError, row_bytes
 from growmem.layers import retrieve
-from growmem.storage import checkpoint as ck
-from growmem.storage.tiered import TierError, TieredMemory, TierWriteError, row_bytes
+from growmem.store import Store
 
 D, E, CHUNK = 16, 3, 64
 
@@ -21,10 +22,23 @@ def _spec(kernel="weighted_softmax", momentum=0.5):
     return gm.GrowingSpec.make(kernel, temperature=0.5, eta=1.0, momentum=momentum, chunk=CHUNK, **hyper)
 
 
-def _tier(location, kernel="weighted_softmax", hot_rows=100, **kw):
-    budget = row_bytes(D, E) * ((2 + 2) * CHUNK + hot_rows)  # read-ahead 2: 4 chunk buffers + hot rows
-    return TieredMemory.create(location, d_in=D, d_out=E, spec=_spec(kernel), ram_budget_bytes=budget,
-                               chunk_rows=CHUNK, **kw)
+def _budget(hot_rows):
+    return row_bytes(D, E) * hot_rows   # rows kept on the device
+
+
+def _tier(location, kernel="weighted_softmax", hot_rows=160, **kw):
+    return Store.create(_spec(kernel), D, E, name="readout",
+                        backend=Tiered(location, ram_budget_bytes=_budget(hot_rows), chunk_rows=CHUNK, **kw))
+
+
+def _cold(location):
+    """Every cold row of the tier at ``location``, read straight from disk."""
+    tier = ColdTier.open(location)
+    parts = {f: [] for f in memlib.FIELDS}
+    for rows, n in tier.chunks():
+        for f in parts:
+            parts[f].append(np.asarray(rows[f][:n]))
+    return tier, {f: np.concatenate(p) if p else np.zeros(0) for f, p in parts.items()}
 
 
 def _batches(n_steps=10, b=57, seed=0):
@@ -66,20 +80,19 @@ def test_retrieval_over_cold_and_hot_rows_equals_all_in_ram(tmp_path, kernel):
 def test_rows_keep_their_order_and_the_tier_reopens(tmp_path):
     tier = _tier(tmp_path / "t")
     mem = _fill(tier, memlib.empty(D, E, spec=_spec()))
-    rows = tier.all_rows()
+    rows = tier.rows()
     for f in ("w", "k", "v", "born"):
         assert np.array_equal(rows[f], mem.rows()[f])
-    # zarr v3 arrays chunked along rows, one per field
-    meta = json.loads((tmp_path / "t" / "gen-0" / "k" / "zarr.json").read_text())
+    # zarr v3 arrays chunked along rows, one per field, under <directory>/<layer>
+    meta = json.loads((tmp_path / "t" / "readout" / "gen-0" / "k" / "zarr.json").read_text())
     assert meta["zarr_format"] == 3 and meta["chunk_grid"]["configuration"]["chunk_shape"] == [CHUNK, D]
-    again = TieredMemory.open(tmp_path / "t", ram_budget_bytes=tier.ram_budget_bytes)
-    assert again.rows_cold == tier.rows_cold and again.rows_hot == 0  # hot rows live in checkpoints
-    cold = again.all_rows()
+    again, cold = _cold(tmp_path / "t" / "readout")
+    assert again.rows == tier.rows_cold   # the tier holds the cold rows; hot rows live in checkpoints
     assert np.array_equal(cold["k"], rows["k"][: tier.rows_cold])
 
 
 def test_any_tensorstore_kvstore_url_works():
-    tier = _tier(f"memory://growmem-{uuid.uuid4().hex}/", hot_rows=70)
+    tier = _tier(f"memory://growmem-{uuid.uuid4().hex}/", hot_rows=140)
     mem = _fill(tier, memlib.empty(D, E, spec=_spec()), n_steps=5)
     assert tier.rows_cold > 0
     q = np.random.RandomState(2).randn(8, D).astype(np.float32)
@@ -95,16 +108,17 @@ def test_unwritable_directory_is_a_clear_error(tmp_path):
 
 
 def _snapshot(tier):
-    return tier.rows_cold, tier.rows_hot, {f: a.copy() for f, a in tier.all_rows().items()}
+    return tier.rows_cold, tier.rows_hot, {f: a.copy() for f, a in tier.rows().items()}
 
 
 def _assert_unchanged(tier, snap):
     cold, hot, rows = snap
     assert (tier.rows_cold, tier.rows_hot) == (cold, hot)
-    now = tier.all_rows()
+    now = tier.rows()
     for f in rows:
         assert np.array_equal(now[f], rows[f])
-    manifest = json.loads(bytes(tier._kv(tier.url).read("tier.json").result().value))
+    url = tier.backend.store(tier.mem).tier.url
+    manifest = json.loads(bytes(ColdTier._kv(url).read("tier.json").result().value))
     assert manifest["rows_cold"] == cold
 
 
@@ -112,27 +126,28 @@ def test_failed_spill_leaves_the_memory_unchanged(tmp_path, monkeypatch):
     tier = _tier(tmp_path / "t")
     _fill(tier, n_steps=4)
     snap = _snapshot(tier)
-    real = TieredMemory._write_manifest
+    real = ColdTier._write_manifest
 
     def disk_full(kv, manifest):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(TieredMemory, "_write_manifest", staticmethod(disk_full))
+    monkeypatch.setattr(ColdTier, "_write_manifest", staticmethod(disk_full))
     rs = np.random.RandomState(5)
     with pytest.raises(TierWriteError, match="No space left on device.*memory is unchanged"):
         for _ in range(10):
+            snap = _snapshot(tier)
             tier.append(rs.rand(57), rs.randn(57, D), rs.randn(57, E))
-    monkeypatch.setattr(TieredMemory, "_write_manifest", staticmethod(real))
+    monkeypatch.setattr(ColdTier, "_write_manifest", staticmethod(real))
     # the rows accepted before the failing append are still all there; the failing append added nothing
-    assert tier.rows_cold == snap[0]
-    reopened = TieredMemory.open(tmp_path / "t", ram_budget_bytes=tier.ram_budget_bytes)
-    assert reopened.rows_cold == snap[0]
-    assert np.array_equal(reopened.all_rows()["k"], snap[2]["k"][: snap[0]])
+    _assert_unchanged(tier, snap)
+    reopened, cold = _cold(tmp_path / "t" / "readout")
+    assert reopened.rows == snap[0]
+    assert np.array_equal(cold["k"], snap[2]["k"][: snap[0]])
 
 
 def test_real_disk_full_is_a_clear_error_and_leaves_the_memory_unchanged(small_tmpfs):
     mnt = small_tmpfs("256k")
-    tier = _tier(mnt / "t", hot_rows=100)
+    tier = _tier(mnt / "t", hot_rows=160)
     rs = np.random.RandomState(0)
     err = None
     for i in range(400):  # ~1 MB of rows into a 256 KiB filesystem
@@ -151,23 +166,24 @@ def test_real_disk_full_is_a_clear_error_and_leaves_the_memory_unchanged(small_t
 
 def test_checkpoint_references_the_cold_tier_by_generation_and_row_count(tmp_path):
     tier = _tier(tmp_path / "t")
-    _fill(tier, n_steps=6)
+    _fill(tier, n_steps=12)
     q = np.random.RandomState(3).randn(8, D).astype(np.float32)
     at_save = np.asarray(tier.retrieve(q))
-    rows_at_save = tier.all_rows()
+    rows_at_save = tier.rows()
     c = ck.Checkpointer(tmp_path / "c")
-    c.save(None, step=6, tiers={"readout": tier})
+    c.save(None, step=6, stores={"readout": tier})
     info = ck.inspect(tmp_path / "c")
     layer = info["layers"][0]
     assert layer["cold"] == tier.rows_cold and layer["hot"] == tier.rows_hot and layer["generation"] == 0
     cold_bytes_on_disk = sum(p.stat().st_size for p in (tmp_path / "c").rglob("*") if p.is_file())
-    assert cold_bytes_on_disk < tier.bytes_cold  # the cold rows are referenced, not copied
+    assert cold_bytes_on_disk < tier.rows_cold * row_bytes(D, E)  # the cold rows are referenced, not copied
     _fill(tier, n_steps=6, seed=9)  # rows written after the checkpoint
     assert tier.rows_cold > info["layers"][0]["cold"]
-    r = c.restore(None, tiers_dir=None)
-    back = r.tiers["readout"]
+    onto = lambda: Tiered(tmp_path / "t", ram_budget_bytes=_budget(160), chunk_rows=CHUNK, resume=True)
+    r = c.restore(None, stores={"readout": onto()})
+    back = r.stores["readout"]
     assert back.rows_cold == layer["cold"] and back.rows_hot == layer["hot"]
-    for f, a in back.all_rows().items():
+    for f, a in back.rows().items():
         assert np.array_equal(a, rows_at_save[f])
     np.testing.assert_array_equal(np.asarray(back.retrieve(q)), at_save)
     # export reads the cold rows through the reference
@@ -177,21 +193,21 @@ def test_checkpoint_references_the_cold_tier_by_generation_and_row_count(tmp_pat
     # after a compaction (new generation) the old checkpoint refuses to restore
     back.compact(lambda rows, start: rows["w"] > 0.5)
     with pytest.raises(TierError, match="generation 0 .* now at generation 1"):
-        c.restore(None)
+        c.restore(None, stores={"readout": onto()})
     c.close()
 
 
 def test_compact_evicts_cold_rows_exactly(tmp_path):
     tier = _tier(tmp_path / "t")
     _fill(tier, n_steps=8)
-    rows = tier.all_rows()
+    rows = tier.rows()
     n_cold = tier.rows_cold
     tier.compact(lambda r, start: r["born"] % 2 == 0)
     keep = np.concatenate([rows["born"][:n_cold] % 2 == 0, np.ones(len(rows["born"]) - n_cold, bool)])
-    now = tier.all_rows()
+    now = tier.rows()
     for f in rows:
         assert np.array_equal(now[f], rows[f][keep])
-    assert tier.generation == 1
+    assert tier.backend.store(tier.mem).tier.generation == 1
     mem = memlib.from_rows(rows["w"][keep], rows["k"][keep], rows["v"][keep], rows["born"][keep], spec=_spec())
     mem = mem.replace(t=jnp.asarray(tier.t, jnp.int32))
     q = np.random.RandomState(4).randn(8, D).astype(np.float32)
@@ -199,10 +215,12 @@ def test_compact_evicts_cold_rows_exactly(tmp_path):
 
 
 def test_ram_budget_bounds_the_hot_rows(tmp_path):
-    tier = _tier(tmp_path / "t", hot_rows=100)
+    tier = _tier(tmp_path / "t", hot_rows=160)
     for w, k, v, born, m in _batches(n_steps=20):
         tier.append(w, k, v, born=born, mask=m)
         assert tier.rows_hot <= tier.hot_capacity
-        assert tier.bytes_hot + (tier.read_ahead + 2) * CHUNK * row_bytes(D, E) <= tier.ram_budget_bytes
+        # the budget bounds the rows on the device; the read-ahead buffers come on top, counted apart
+        assert tier.rows_hot * row_bytes(D, E) <= tier.backend.ram_budget_bytes
+        assert tier.backend.buffer_bytes == (tier.backend.read_ahead + 2) * CHUNK * row_bytes(D, E)
     with pytest.raises(ValueError, match="RAM budget .* too small"):
-        TieredMemory.create(tmp_path / "u", d_in=D, d_out=E, spec=_spec(), ram_budget_bytes=1000, chunk_rows=CHUNK)
+        _tier(tmp_path / "u", hot_rows=100)   # fewer than 2 chunks

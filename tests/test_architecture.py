@@ -1,0 +1,102 @@
+"""The layering of the package: no import cycles (function-local imports included), and kernel
+differences live only in the kernel table."""
+import ast
+import re
+from pathlib import Path
+
+import growmem
+
+ROOT = Path(growmem.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules():
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        if "presets" in p.relative_to(ROOT).parts:
+            continue
+        out[_module_name(p)] = p
+    return out
+
+
+def _imports(name: str, path: Path, known) -> set:
+    """Every growmem module ``name`` imports, at module level or inside functions."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # `from pkg import sub` imports the submodule; `from mod import name` the module
+            subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known]
+            targets = subs if len(subs) == len(node.names) else [mod] + subs
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rsplit(".", 1)[0] if "." in t else ""
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    # a package's __init__ is run by importing any of its submodules: an edge sub -> package is not
+    # an import "back" unless the package imports the submodule
+    cycles = []
+    index, low, stack, on, counter = {}, {}, [], set(), [0]
+
+    def strong(v):   # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    assert not cycles, f"import cycles: {cycles}"
+    assert graph["growmem.memory"] <= {"growmem"} or not graph["growmem.memory"] - {"growmem"}
+
+
+def test_kernels_are_told_apart_only_in_the_kernel_table():
+    pattern = re.compile(r"""kernel\s*(==|!=|in)\s*[("'\[]|==\s*["'](linear|rbf|weighted_softmax)["']""")
+    offenders = []
+    for name, path in _modules().items():
+        if name == "growmem.kernels":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(ROOT.parent)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
