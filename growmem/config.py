@@ -60,6 +60,10 @@ class ConfigError(ValueError):
     """A preset file is invalid; the message names the file, the key and what is allowed."""
 
 
+class UnknownPresetError(ConfigError):
+    """No preset of that name or path; the message lists the shipped presets."""
+
+
 def _preset_dir() -> Path:
     """Where the shipped presets live: the package ``growmem.presets`` (the repository's
     ``policies/`` folder, installed into the wheel under that name; see pyproject.toml)."""
@@ -332,14 +336,14 @@ def resolve(name_or_path) -> Path:
         if p.is_dir():
             raise ConfigError(f"{text}: is a folder, not a preset file; pass policies/NAME.toml or a shipped "
                               f"preset name ({', '.join(n for n, _, _ in available())})")
-        raise ConfigError(f"{text}: no such preset file; check the path, or use a shipped preset by name: "
+        raise UnknownPresetError(f"{text}: no such preset file; check the path, or use a shipped preset by name: "
                           f"{', '.join(n for n, _, _ in available()) or 'none'}")
     cand = PRESET_DIR / f"{p.name}.toml"
     if cand.is_file():
         return cand
     if p.is_file():
         return p
-    raise ConfigError(f"{text}: no shipped preset of that name ({PRESET_DIR}); choose one of: "
+    raise UnknownPresetError(f"{text}: no shipped preset of that name ({PRESET_DIR}); choose one of: "
                       f"{', '.join(n for n, _, _ in available()) or 'none'}, or pass a path to a .toml file")
 
 

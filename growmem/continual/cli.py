@@ -102,7 +102,7 @@ def cmd_continual(args) -> int:
     except MissingExtraError as e:
         raise SystemExit(f"growmem continual: {e}") from None
     from growmem.config import ConfigError
-    from growmem.storage.checkpoint import CheckpointError
+    from growmem.checkpoint import CheckpointError
 
     from .runner import run_continual
 

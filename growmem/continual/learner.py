@@ -54,12 +54,10 @@ class GrowmemConfig:
 
         try:
             preset = config.load(self.preset)
-        except config.ConfigError as e:
-            if "no such preset" in str(e):
-                names = [n for n, _, _ in config.available()]
-                raise UnknownNameError(f"unknown growmem preset {self.preset!r}; valid presets: {', '.join(names)} "
-                                       f"(or a path to a preset TOML file)") from None
-            raise
+        except config.UnknownPresetError:
+            names = [n for n, _, _ in config.available()]
+            raise UnknownNameError(f"unknown growmem preset {self.preset!r}; valid presets: {', '.join(names)} "
+                                   f"(or a path to a preset TOML file)") from None
         if self.n_blocks is not None:
             preset = dataclasses.replace(preset, n_blocks=int(self.n_blocks))
         if self.batch_size is not None or self.epochs is not None:
@@ -85,34 +83,25 @@ class GrowmemConfig:
 def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
     """``preset`` whose every layer also holds at most ``max_rows`` rows (capacity policy last
     in the chain), with an initial capacity that never needs to grow past the cap."""
-    from growmem import policies
-
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-    cap = policies.capacity(max_rows, on_full)
-
-    def capped(spec):
-        pol = cap if spec.policy is None else policies.chain(spec.policy, cap)
-        return dataclasses.replace(spec, policy=pol)
-
+    cap = ("capacity", (("max_rows", int(max_rows)), ("on_full", on_full)))
     batch = int(preset.settings["batch_size"])
-    return dataclasses.replace(preset, block=capped(preset.block), readout=capped(preset.readout),
+    return dataclasses.replace(preset, policy_entries=tuple(preset.policy_entries) + (cap,),
                                capacity=max_rows + batch)
 
 
-def row_bytes(d_in: int, d_out: int, dtype=np.float32) -> int:
-    """Bytes of one stored row ``(w, k, ṽ, born)``: ``w``, ``k``, ``ṽ`` at ``dtype``, ``born`` int32."""
-    item = np.dtype(dtype).itemsize
-    return item * (1 + d_in + d_out) + np.dtype(np.int32).itemsize
-
-
 def bytes_per_row(preset, d_in: int, d_out: int) -> int:
-    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout);
-    a hybrid layer's row also carries its optimizer moments (two per trained value, Adam)."""
-    def layer(spec, d_o):
-        b = row_bytes(d_in, d_o)
-        return b + 2 * (b - 4) if spec.hybrid else b
-    return preset.n_blocks * layer(preset.block, d_in) + layer(preset.readout, d_out)
+    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout), at
+    their stored dtypes; a hybrid layer's row also carries its optimizer moments (two float32
+    values per trained value w, k, ṽ: Adam)."""
+    from growmem.memory import row_bytes
+
+    def layer(spec, d_o, hybrid):
+        b = row_bytes(d_in, d_o, spec.row_dtype)
+        return b + (2 * 4 * (1 + d_in + d_o) if hybrid else 0)
+    return (preset.n_blocks * layer(preset.block, d_in, "block" in preset.hybrid_layers)
+            + layer(preset.readout, d_out, "readout" in preset.hybrid_layers))
 
 
 class GrowmemLearner:

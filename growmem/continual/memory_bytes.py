@@ -47,9 +47,9 @@ def _nbytes(tree) -> int:
 
 def growmem_bytes(trainers: Dict[str, Any]) -> Dict[str, int]:
     """Bytes of growmem ``Trainer``s (``{name: trainer}``); see the module docstring."""
-    import jax
     from flax.traverse_util import flatten_dict
 
+    from growmem import backends, policies
     from growmem.train import layer_key
 
     out = dict(rows_in_use=0, rows_allocated=0, rows_in_use_bytes=0, rows_allocated_bytes=0, params_bytes=0,
@@ -58,9 +58,8 @@ def growmem_bytes(trainers: Dict[str, Any]) -> Dict[str, int]:
         state = trainer.state
         mems = trainer.memories()
         for path, mem in mems.items():
-            per_row = sum(np.dtype(getattr(mem, f).dtype).itemsize * int(np.prod(getattr(mem, f).shape[1:]))
-                          for f in ("w", "k", "v", "born"))
-            n, cap = int(mem.size), mem.capacity
+            per_row = mem.row_bytes                     # w, k, ṽ, born at their stored dtypes
+            n, cap = backends.of(mem).rows_in_use(mem), mem.capacity
             out["rows_in_use"] += n
             out["rows_allocated"] += cap
             out["rows_in_use_bytes"] += n * per_row
@@ -68,18 +67,14 @@ def growmem_bytes(trainers: Dict[str, Any]) -> Dict[str, int]:
             out["other_bytes"] += _nbytes((mem.size, mem.t))
         out["params_bytes"] += _nbytes(state.params)
         out["optimizer_bytes"] += _nbytes(state.opt_state)
-        out["policy_bytes"] += _nbytes(state.policy_state)
-        caps = {layer_key(p): (int(m.size), m.capacity) for p, m in mems.items()}
-        for key, hstate in (state.hybrid_state or {}).items():
+        caps = {layer_key(p): (backends.of(m).hot_rows(m), m.capacity) for p, m in mems.items()}
+        for key, pstate in (state.policy_state or {}).items():
             n, cap = caps.get(key, (0, -1))
-            for leaf in jax.tree_util.tree_leaves(hstate):
-                b = _nbytes(leaf)
-                if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == cap:  # per-row moments
-                    out["hybrid_in_use_bytes"] += b * n // cap
-                    out["hybrid_allocated_bytes"] += b
-                else:
-                    out["hybrid_in_use_bytes"] += b
-                    out["hybrid_allocated_bytes"] += b
+            per_row = policies.row_state_leaves(pstate, cap)      # e.g. a hybrid layer's Adam moments
+            row_b = sum(_nbytes(a) for a in per_row)
+            out["hybrid_in_use_bytes"] += row_b * n // cap if cap > 0 else 0
+            out["hybrid_allocated_bytes"] += row_b
+            out["policy_bytes"] += _nbytes(pstate) - row_b
         # the frozen collections (e.g. W0 of linear layers), everything but the memories
         flat = flatten_dict(dict(state.collections), sep="/")
         out["other_bytes"] += sum(_nbytes(v) for k, v in flat.items() if not k.startswith("memory/"))

@@ -235,7 +235,7 @@ def _elapsed(t) -> float:
 def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
                  loop: str, checkpoint_every: int, eval_mb_size: int, progress: bool, loggers, on_batch,
                  prequential: bool) -> dict:
-    from growmem.storage.checkpoint import Checkpointer
+    from growmem.checkpoint import Checkpointer
 
     learner = GrowmemLearner(cfg, num_classes=stream.n_classes, input_size=stream.input_size, budget_bytes=budget,
                              n_tasks=len(stream.task_labels), seed=seed)
@@ -398,7 +398,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     if growmem_loop not in LOOPS:
         raise unknown("growmem loop", growmem_loop, LOOPS)
     if isinstance(budget_bytes, str):
-        from growmem.storage.commands import parse_size
+        from growmem.cli import parse_size
         budget_bytes = parse_size(budget_bytes)
     if budget_bytes is not None and int(budget_bytes) <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
