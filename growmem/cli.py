@@ -16,8 +16,10 @@ Every failure is one line on stderr naming the problem and the fix, with a non-z
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import signal
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -26,27 +28,55 @@ class UsageError(Exception):
     """A problem with the command line or its inputs: printed as one line, exit code 2."""
 
 
+class RunError(Exception):
+    """A run that failed on its way (disk full, a diverged loss): one line, exit code 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad option as one line (no usage dump): ``growmem CMD: message``."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _finite(lo=None, lo_open=False, hi=None, hi_open=False, what="a number"):
+    """An argparse type: a finite float within the bounds."""
+    def parse(text):
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        ok = math.isfinite(v) and (lo is None or (v > lo if lo_open else v >= lo)) and \
+            (hi is None or (v < hi if hi_open else v <= hi))
+        if not ok:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    return parse
+
+
+def _int(lo, what):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    return parse
+
+
 # ------------------------------------------------------------------------------------- sizes
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``"512MB"``, ``"1.5GiB"``, ``"4096"`` -> bytes (binary units: 1 MB = 2^20 B)."""
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size: write e.g. 512MB, 1.5GB or 4096 (bytes)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+from .units import parse_size  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------- train
 
 #: ``growmem train`` options that do not change the model or the data: they may differ on --resume
 RUN_CONTROL = frozenset({"out", "steps", "eval_every", "test_size", "checkpoint_dir", "checkpoint_every", "keep",
-                         "resume", "spill_dir", "coordinator", "process_id", "download"})
+                         "resume", "resume_step", "spill_dir", "coordinator", "process_id", "download",
+                         "on_nonfinite"})
 
 
 def _add_train(sub):
@@ -55,18 +85,28 @@ def _add_train(sub):
                                    "(Sec. 5 of the paper; data generated on the fly, nothing to download), or a "
                                    "preset on MNIST.")
     p.add_argument("--out", type=Path, default=Path("runs/train"), help="output directory (default: runs/train)")
-    p.add_argument("--steps", type=int, default=300, help="training steps (default: 300)")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--steps", type=_int(1, "a positive integer"), default=300, help="training steps (default: 300)")
+    p.add_argument("--batch-size", type=_int(1, "a positive integer"), default=None,
                    help="samples per step B (default: the preset's, else 64)")
-    p.add_argument("--eval-every", type=int, default=50, help="evaluate the test loss every N steps")
-    p.add_argument("--test-size", type=int, default=2048, help="held-out samples for the test loss")
+    p.add_argument("--eval-every", type=_int(1, "a positive integer"), default=50,
+                   help="evaluate the test loss every N steps")
+    p.add_argument("--test-size", type=_int(1, "a positive integer"), default=2048,
+                   help="held-out samples for the test loss")
     p.add_argument("--kernel", choices=["weighted_softmax", "rbf"], default="weighted_softmax")
-    p.add_argument("--temperature", type=float, default=1.0, help="T (default: 1.0)")
-    p.add_argument("--eta", type=float, default=30.0, help="η: weight learning rate (RBF: value rate)")
-    p.add_argument("--beta", type=float, default=0.3, help="β: value learning rate (weighted softmax)")
-    p.add_argument("--momentum", type=float, default=0.6, help="μ of the timestamp momentum (0 = off)")
-    p.add_argument("--blocks", type=int, default=0, help="residual growing blocks L before the readout")
-    p.add_argument("--seed", type=int, default=0, help="teacher / data seed")
+    p.add_argument("--temperature", type=_finite(1e-6, what="a finite number >= 1e-6"), default=1.0,
+                   help="T (default: 1.0)")
+    p.add_argument("--eta", type=_finite(0, what="a finite number >= 0"), default=30.0,
+                   help="η: weight learning rate (RBF: value rate)")
+    p.add_argument("--beta", type=_finite(what="a finite number"), default=0.3,
+                   help="β: value learning rate (weighted softmax)")
+    p.add_argument("--momentum", type=_finite(0, hi=1, hi_open=True, what="a number in [0, 1)"), default=0.6,
+                   help="μ of the timestamp momentum (0 = off)")
+    p.add_argument("--blocks", type=_int(0, "an integer >= 0"), default=0,
+                   help="residual growing blocks L before the readout")
+    p.add_argument("--seed", type=_int(0, "an integer >= 0"), default=0, help="teacher / data seed")
+    p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
+                   help="a step whose loss is NaN/inf: stop with an error before any checkpoint (default), or skip "
+                        "on (its non-finite rows are dropped either way)")
     p.add_argument("--task", choices=["auto", "teacher-student", "mnist"], default="auto",
                    help="teacher-student regression (generated, the default without --policy) or MNIST "
                         "classification (the default with --policy: the presets carry classification settings)")
@@ -79,11 +119,14 @@ def _add_train(sub):
     g = p.add_argument_group("checkpoints")
     g.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="save Orbax checkpoints (step, params, optimizer and policy state, memories) here")
-    g.add_argument("--checkpoint-every", type=int, default=None,
+    g.add_argument("--checkpoint-every", type=_int(1, "a positive integer"), default=None,
                    help="steps between checkpoints (default: --eval-every); the last step is always saved")
-    g.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default: 3)")
+    g.add_argument("--keep", type=_int(1, "an integer >= 1"), default=3, help="checkpoints to keep (default: 3)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint in --checkpoint-dir (the model configuration must match)")
+    g.add_argument("--resume-step", type=_int(0, "an integer >= 0"), default=None, metavar="N",
+                   help="with --resume: continue from step N instead of the latest (e.g. when the latest is "
+                        "damaged); the checkpoints after N are removed")
     g = p.add_argument_group("memory larger than RAM")
     g.add_argument("--ram-budget", default=None, metavar="SIZE",
                    help="keep at most SIZE (e.g. 512MB, 2GB) of rows in RAM; older rows spill to TensorStore tiers "
@@ -156,8 +199,9 @@ def _distributed(args):
 
     if not 0 <= args.process_id < args.num_processes:
         raise UsageError(f"--process-id must be in [0, {args.num_processes}), got {args.process_id}")
-    if jax.default_backend() == "cpu":   # cross-process collectives between CPU hosts
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # cross-process collectives between CPU devices (set before any backend starts; GPUs/TPUs
+    # use their own collectives whatever this says)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
         jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id,
                                    initialization_timeout=300)
@@ -192,12 +236,53 @@ def _tier(args):
     resuming = bool(args.resume and args.checkpoint_dir is not None and _has_checkpoint(args.checkpoint_dir))
     if resuming and not Path(where).exists():
         raise UsageError(f"--resume: the spilled rows of this run are not at {where}; pass the --spill-dir the run used")
-    return Tiered(where, ram_budget_bytes=budget, resume=resuming, overwrite=not resuming)
+    return Tiered(where, ram_budget_bytes=budget, resume=resuming)
 
 
 def _has_checkpoint(directory) -> bool:
     d = Path(directory)
     return d.is_dir() and any(c.name.isdigit() for c in d.iterdir())
+
+
+def _check_out(out: Path):
+    """--out must be a writable folder: checked before training, not after an hour of it."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; pass a folder for metrics.json and plot.png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".growmem-write-probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--out {out} is not writable ({e.strerror or e}); pass a folder you can write to") from None
+
+
+class _Interrupt:
+    """Ctrl-C during training: finish the current step, then stop (a second Ctrl-C aborts)."""
+
+    def __init__(self):
+        self.hit = False
+        self._old = None
+
+    def __enter__(self):
+        if _main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def cmd_train(args) -> int:
@@ -206,8 +291,11 @@ def cmd_train(args) -> int:
     from . import kernels, rules
     from .layers import GrowingSpec, ResidualGrowingNet
     from .reporting import pyplot, save_figure, write_json
-    from .train import Trainer, fit
+    from .train import NonFiniteLossError, Trainer, fit
 
+    if args.resume_step is not None and not args.resume:
+        raise UsageError("--resume-step needs --resume")
+    _check_out(Path(args.out))
     _distributed(args)
     preset = None
     if args.policy is not None:
@@ -218,9 +306,6 @@ def cmd_train(args) -> int:
             raise UsageError(f"--policy: {e}")
     if args.batch_size is None:
         args.batch_size = preset.settings["batch_size"] if preset is not None else 64
-    for name in ("steps", "batch_size", "eval_every", "test_size"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     b = args.batch_size
     task_name = args.task if args.task != "auto" else ("mnist" if preset is not None else "teacher-student")
     task = _make_task(task_name, args)
@@ -252,9 +337,11 @@ def cmd_train(args) -> int:
     curve = extra["curve"] if extra else [[0, test_metric()]]
     train_curve = extra["train_curve"] if extra else []
     last_loss = {}
+    dropped = []
 
     def on_step(step, m):
         last_loss["loss"] = m["loss"]
+        dropped.append(m["dropped_rows"])
 
     def evaluate(step):
         train_curve.append([step * b, float(last_loss["loss"])])
@@ -263,46 +350,70 @@ def cmd_train(args) -> int:
 
     policy_desc = {"preset": args.policy, "policy": repr(trainer.memories()[("readout",)].policy)} \
         if args.policy else None
+
     def checkpoint(step):
         ckpt.save(trainer, step, data_position={"step": step}, config=run_config, policy=policy_desc,
                   extra={"curve": curve, "train_curve": train_curve})
 
     try:
-        out = fit(trainer, lambda step: task.batch(step, b), steps=args.steps, start=start,
-                  checkpoint=checkpoint if ckpt is not None else None, every=args.checkpoint_every or args.eval_every,
-                  on_step=on_step, evaluate=evaluate, eval_every=args.eval_every, progress=True,
-                  desc="growmem train")
+        with _Interrupt() as interrupt:
+            out = fit(trainer, lambda step: task.batch(step, b), steps=args.steps, start=start,
+                      checkpoint=checkpoint if ckpt is not None else None,
+                      every=args.checkpoint_every or args.eval_every, on_step=on_step, evaluate=evaluate,
+                      eval_every=args.eval_every, progress=True, desc="growmem train", stop=lambda: interrupt.hit,
+                      on_nonfinite=args.on_nonfinite)
+    except NonFiniteLossError as e:
+        last = ckpt.latest_step() if ckpt is not None else None
+        raise RunError(f"{e}; {'the last checkpoint is step ' + str(last) if last is not None else 'no checkpoint'}")
     finally:
         if ckpt is not None:
             ckpt.close()
+    if out["stopped"] and out["stopped"].startswith("stopped"):
+        how = (f"resume with the same command and --resume (checkpoint step {out['step']} in {args.checkpoint_dir})"
+               if ckpt is not None else "no --checkpoint-dir was given, so nothing was saved")
+        print(f"growmem train: interrupted at step {out['step']}; {how}", file=sys.stderr)
+        return 130
+    n_dropped = int(sum(int(d) for d in jax.device_get(dropped))) if dropped else 0
     seconds = out["seconds"]
     metrics = {"task": task_name, "config": config, "spec": repr(spec), "metric": task.metric_name,
                "test_curve": curve, "train_curve": train_curve,
                ("final_test_loss" if task.metric_name == "mse" else f"final_test_{task.metric_name}"): curve[-1][1],
                **task.info, "rows": trainer.rows_in_use(), "seconds": seconds,
-               "steps_per_second": out["steps_per_second"], "policy": policy_desc}
+               "steps_per_second": out["steps_per_second"], "policy": policy_desc,
+               "dropped_nonfinite_rows": n_dropped, "nonfinite_loss_steps": out["nonfinite_steps"],
+               "stopped": out["stopped"]}
     outdir = Path(args.out)
     if jax.process_index() != 0:   # one process of a distributed run writes the results
         return 0
-    write_json(outdir / "metrics.json", metrics)
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(*zip(*curve), marker="o", label=f"test {task.metric_name}")
-    if train_curve and task.metric_name == "mse":
-        ax.plot(*zip(*train_curve), alpha=0.6, label="train loss (batch)")
-    if "target_variance" in task.info:
-        ax.axhline(task.info["target_variance"], ls=":", color="k", lw=0.8, label="target variance")
-        ax.set_yscale("log")
-    ax.set_xlabel("training samples")
-    ax.set_ylabel(f"test {task.metric_name}")
-    model_desc = f"preset {Path(args.policy).stem}" if preset is not None else f"{args.kernel}, L={args.blocks}"
-    ax.set_title(f"growmem train: {task_name}, {model_desc}")
-    ax.legend()
-    save_figure(fig, outdir / "plot.png")
+    try:
+        write_json(outdir / "metrics.json", metrics)
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(*zip(*curve), marker="o", label=f"test {task.metric_name}")
+        if train_curve and task.metric_name == "mse":
+            ax.plot(*zip(*train_curve), alpha=0.6, label="train loss (batch)")
+        if "target_variance" in task.info:
+            ax.axhline(task.info["target_variance"], ls=":", color="k", lw=0.8, label="target variance")
+            ax.set_yscale("log")
+        ax.set_xlabel("training samples")
+        ax.set_ylabel(f"test {task.metric_name}")
+        model_desc = f"preset {Path(args.policy).stem}" if preset is not None else f"{args.kernel}, L={args.blocks}"
+        ax.set_title(f"growmem train: {task_name}, {model_desc}")
+        ax.legend()
+        save_figure(fig, outdir / "plot.png")
+    except OSError as e:
+        saved = f"; the checkpoints in {args.checkpoint_dir} are complete" if ckpt is not None else ""
+        raise RunError(f"writing the results to {outdir} failed ({_reason(e)}){saved}") from None
     rate = f"{out['steps_per_second']:.1f} steps/s" if out["steps_per_second"] else "no steps run"
     print(f"final test {task.metric_name} {curve[-1][1]:.4g} ({task.describe}); rows {trainer.rows_in_use()}; {rate}")
+    if n_dropped:
+        print(f"{n_dropped} candidate rows were not finite and did not enter the memories")
     print(f"wrote {outdir / 'metrics.json'} and {outdir / 'plot.png'}")
     return 0
+
+
+def _reason(e: OSError) -> str:
+    return "the disk is full" if getattr(e, "errno", None) == 28 else (e.strerror or str(e))
 
 
 def _checkpoints(args, trainer, config):
@@ -311,13 +422,13 @@ def _checkpoints(args, trainer, config):
         raise UsageError("--resume needs --checkpoint-dir")
     if args.checkpoint_dir is None:
         return None, 0, None
-    if args.checkpoint_every is not None and args.checkpoint_every <= 0:
-        raise UsageError(f"--checkpoint-every must be positive, got {args.checkpoint_every}")
-    from .checkpoint import CheckpointError, Checkpointer
+    from .checkpoint import CheckpointError, Checkpointer, CorruptCheckpointError
 
+    ckpt = None
     try:
         ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)
-        latest = ckpt.latest_step()
+        steps = ckpt.all_steps()
+        latest = steps[-1] if steps else None
         if not args.resume:
             if latest is not None:
                 raise UsageError(f"{args.checkpoint_dir} already holds checkpoints (latest step {latest}); pass "
@@ -326,11 +437,31 @@ def _checkpoints(args, trainer, config):
         if latest is None:
             print(f"no checkpoint in {args.checkpoint_dir}: starting from step 0")
             return ckpt, 0, None
-        r = ckpt.restore(trainer, config=config)
-        print(f"resumed from step {r.step} of {args.checkpoint_dir}")
+        step = latest if args.resume_step is None else args.resume_step
+        if step not in steps:
+            raise UsageError(f"--resume-step {step}: {args.checkpoint_dir} holds steps {steps}")
+        if step >= args.steps:
+            raise UsageError(f"the checkpoint in {args.checkpoint_dir} is at step {step}, already "
+                             f"{'at' if step == args.steps else 'past'} --steps {args.steps}: nothing to train; pass "
+                             f"--steps N with N > {step} to train on (growmem inspect {args.checkpoint_dir} shows it)")
+        try:
+            r = ckpt.restore(trainer, step, config=config)
+        except CorruptCheckpointError as e:
+            older = [s for s in steps if s < step]
+            hint = (f"; the previous checkpoint is step {older[-1]}: resume from it with --resume --resume-step "
+                    f"{older[-1]}" if older else "; no older checkpoint is left: start again without --resume in "
+                    f"another --checkpoint-dir")
+            raise UsageError(f"{e}{hint}") from None
+        newer = [s for s in steps if s > step]
+        for s in newer:   # an abandoned continuation: the run goes on from `step` instead
+            ckpt.delete(s)
+        print(f"resumed from step {r.step} of {args.checkpoint_dir}"
+              + (f" (removed the later checkpoints {newer})" if newer else ""))
         return ckpt, r.step, r.extra
-    except CheckpointError as e:
-        raise UsageError(str(e))
+    except (CheckpointError, UsageError) as e:
+        if ckpt is not None:
+            ckpt.close()
+        raise UsageError(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------- policies, inspect, export
@@ -389,23 +520,17 @@ def _add_storage(sub):
 def cmd_inspect(args) -> int:
     import json
 
-    from .checkpoint import CheckpointError, format_inspect, inspect
+    from .checkpoint import format_inspect, inspect
 
-    try:
-        info = inspect(args.dir, args.step)
-    except CheckpointError as e:
-        raise UsageError(str(e))
+    info = inspect(args.dir, args.step)   # a CheckpointError (damaged, missing) is reported by main()
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
     return 0
 
 
 def cmd_export(args) -> int:
-    from .checkpoint import CheckpointError, export
+    from .checkpoint import export
 
-    try:
-        desc = export(args.dir, args.npz, args.step)
-    except CheckpointError as e:
-        raise UsageError(str(e))
+    desc = export(args.dir, args.npz, args.step)   # a CheckpointError (damaged, disk full) is reported by main()
     rows = {k: v["rows"] for k, v in desc["layers"].items()}
     print(f"wrote {args.npz} (step {desc['step']}, rows {rows}) and {args.npz}.json")
     return 0
@@ -414,7 +539,7 @@ def cmd_export(args) -> int:
 # ------------------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="growmem", description="Continual learning with growing memories.")
+    ap = _Parser(prog="growmem", description="Continual learning with growing memories.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
     _add_policies(sub)
@@ -424,17 +549,46 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """The ``growmem`` command: 0 on success, 2 for a problem with the command or its inputs,
+    1 for a run that failed on its way, 130 when interrupted — always one line on stderr."""
     ap = build_parser()
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except UsageError as e:
+        print(_one_line(e), file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
+    from .backends.tiered import TierError
+    from .config import ConfigError
+    from .errors import CheckpointError
+    from .locks import LockedError
+
+    # a failure is reported once, as one line: not also by the logs of the libraries underneath
+    # (Orbax logs a failed save's traceback before raising it)
+    import logging
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    who = f"growmem {args.command}"
     try:
         return args.func(args)
     except UsageError as e:
-        print(f"growmem {args.command}: {e}", file=sys.stderr)
+        print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 2
+    except (RunError, CheckpointError, TierError, LockedError, ConfigError) as e:
+        print(f"{who}: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{who}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"{who}: {_reason(e)}" + (f" ({e.filename})" if getattr(e, "filename", None) else ""), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -371,12 +371,12 @@ def load(name_or_path) -> Preset:
     tr = _validate(path, "train", doc.get("train", {}), TRAIN)
     entries = _build_policy(path, doc.get("policy", []))
     bs = tr.get("batch_size", 16)
-    block_spec = _spec(path, "layer", layer, bs)
-    readout_spec = _spec(path, "readout", readout, bs)
     hybrid_layers = tuple(n for n, t in (("block", layer), ("readout", readout)) if t.get("hybrid"))
     if hybrid and not hybrid_layers:
         raise ConfigError(f"{path}: key 'hybrid' configures an optimizer but no layer sets hybrid = true; "
                           f"allowed: add 'hybrid = true' to [layer] or remove [hybrid]")
+    block_spec = _spec(path, "layer", layer, bs)
+    readout_spec = _spec(path, "readout", readout, bs)
     if hybrid_layers and "float32" not in {block_spec.row_dtype, readout_spec.row_dtype}:
         raise ConfigError(f"{path}: hybrid rows are trained by an optimizer and must be float32; "
                           f"allowed: row_dtype = 'float32' with hybrid = true")

@@ -40,6 +40,7 @@ from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 #: default upper bound on rows per chunk (small rows); see :func:`chunk_rows`
@@ -343,6 +344,11 @@ def reduce(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, c
     computes only ``∂/∂q`` and ``∂/∂T``): use it when the rows are not trained.
     """
     kern = get(kernel)
+    if kern.uses_temperature and isinstance(temperature, (int, float, np.number)) and \
+            not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if isinstance(size, (int, np.integer)) and size < 0:
+        raise ValueError(f"size (rows in use) must be >= 0, got {size}")
     q, k, v = (_as_array(a) for a in (q, k, v))
     w = _as_array(w) if (w is not None and kern.normalised) else None
     coeff = None if coeff is None else _as_array(coeff)

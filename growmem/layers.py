@@ -22,6 +22,8 @@ GRAD_UNITS = ("per_sample", "batch_mean")
 INITS = ("empty", "random", "zeros")
 #: rows preallocated per growing layer before the first geometric growth
 DEFAULT_CAPACITY = 4096
+#: the smallest temperature: ⟨k, q⟩ / (T √d) overflows float32 below it
+MIN_TEMPERATURE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,10 @@ class GrowingSpec:
         unknown = {k for k, _ in self.hyper} - allowed
         if unknown:
             raise ValueError(f"rule {self.rule!r} takes hyperparameters {sorted(allowed)}, got {sorted(unknown)}")
+        missing = rules.RULE_REQUIRED[self.rule] - {k for k, _ in self.hyper}
+        if missing:
+            raise ValueError(f"rule {self.rule!r} needs the hyperparameters {sorted(missing)} (e.g. eta = 0.003, "
+                             f"beta = 3.0 for the weighted softmax, App. G.2)")
         for k, v in self.hyper:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"rule hyperparameter {k} must be a finite number, got {v!r}")
@@ -79,8 +85,9 @@ class GrowingSpec:
         if self.init != "empty" and self.init_rows <= 0:
             raise ValueError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
         if kern.uses_temperature and not (isinstance(self.temperature, (int, float)) and
-                                          math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
+                                          math.isfinite(self.temperature) and self.temperature >= MIN_TEMPERATURE):
+            raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE} (smaller ones overflow "
+                             f"float32 scores), got {self.temperature}")
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
         if self.chunk <= 0:

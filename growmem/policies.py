@@ -309,15 +309,19 @@ class StepResult(NamedTuple):
     mask: jax.Array        # (B,) candidates that were appended
 
 
-def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None) -> StepResult:
-    """One growth step of one memory (module docstring, steps 1–5). Pure and jittable."""
+def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None) -> StepResult:
+    """One growth step of one memory (module docstring, steps 1–5). Pure and jittable.
+
+    ``mask:(B,)`` the candidates on offer (all by default; the trainer withholds rows that are
+    not finite)."""
     if pol.trains_rows and grads is None:
         raise ValueError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
                          f"of the stored rows; the Trainer provides them)")
     born = mem.t + 1
     be = backends.of(mem)
     valid = be.valid_mask(mem)
-    g = Growth(mem, rows, jnp.ones((rows.k.shape[0],), bool), valid, grads)
+    offered = jnp.ones((rows.k.shape[0],), bool) if mask is None else jnp.asarray(mask, bool)
+    g = Growth(mem, rows, offered, valid, grads)
     g, state = pol.admit(g, state)
     g, state = pol.update(g, state)
     g, state = pol.age(g, state)
@@ -597,9 +601,13 @@ def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
         mem = g.mem
         p = params(mem)
         updates, opt = tx.update(g.grads, state.tree, p)
-        p = optax.apply_updates(p, updates)
-        w = jnp.maximum(p["w"], 0.0) if _weighted(mem) else p["w"]   # projected step: den > 0
-        return g._replace(mem=mem.replace(w=w, k=p["k"], v=p["v"])), RowState(opt)
+        new = optax.apply_updates(p, updates)
+        new["w"] = jnp.maximum(new["w"], 0.0) if _weighted(mem) else new["w"]   # projected step: den > 0
+        # a step whose gradients are not finite (a NaN input) trains nothing: rows and moments stay
+        ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(g.grads)]))
+        new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, p)
+        opt = jax.tree.map(lambda a, b: jnp.where(ok, a, b), opt, state.tree)
+        return g._replace(mem=mem.replace(w=new["w"], k=new["k"], v=new["v"])), RowState(opt)
 
     return policy("hybrid", init=init, update=update, trains_rows=True)
 

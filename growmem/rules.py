@@ -58,6 +58,12 @@ RULE_HYPER = {
     "weighted_softmax": {"eta", "beta", "clip"},
     "gauge": {"eta", "beta", "alpha", "eps"},
 }
+#: hyperparameters each rule needs (no default)
+RULE_REQUIRED = {
+    "sgd": {"eta"},
+    "weighted_softmax": {"eta", "beta"},
+    "gauge": {"eta", "beta", "alpha"},
+}
 
 
 def get(name: str):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
@@ -102,18 +103,30 @@ def _row_params(mem: memlib.Memory) -> dict:
     return {"w": mem.w, "k": mem.k, "v": mem.v}
 
 
+def finite_rows(rows) -> jax.Array:
+    """``(B,)`` bool: candidate rows whose ``w``, ``k`` and ``v`` are all finite."""
+    ok = jnp.isfinite(rows.w)
+    for a in (rows.k, rows.v):
+        ok = ok & jnp.all(jnp.isfinite(a), axis=tuple(range(1, a.ndim)))
+    return ok
+
+
 def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None):
-    """Steps 3–4 for every growing layer: ``-> (collections, policy_state)``.
+    """Steps 3–4 for every growing layer: ``-> (collections, policy_state, dropped)``.
 
     ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with respect to
     the ``"s"`` perturbations, keyed like the memory collection; a layer's policy (installed in
     its memory) runs with its state from ``policy_state`` (its ``init`` state when absent);
     ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows.
+
+    A candidate row that is not finite (a NaN or inf input, an overflowing rule) never enters
+    a memory, whatever the policy: ``dropped`` counts them over all layers (int32).
     """
     inter = flatten_dict(flax.core.unfreeze(intermediates))
     grads = flatten_dict(flax.core.unfreeze(g_tree))
     policy_state = dict(policy_state or {})
     new = {}
+    dropped = jnp.zeros((), jnp.int32)
     for path, mem in memories(collections).items():
         spec, pol = mem.spec, mem.policy
         q = inter[path + ("q",)][0]
@@ -122,18 +135,20 @@ def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=No
         if spec.grad_unit == "per_sample":
             g = g * batch_size  # the loss is a batch mean: ∂L/∂s_n = g_n / B
         rows = spec.candidate_rows(q, s, g)
+        ok = finite_rows(rows)
+        dropped = dropped + jnp.sum(~ok, dtype=jnp.int32)
         key = layer_key(path)
         if pol is None:
-            mem = backends.of(mem).append(mem, rows.w, rows.k, rows.v, mem.t + 1)
+            mem = backends.of(mem).append(mem, rows.w, rows.k, rows.v, mem.t + 1, ok)
             new[path] = mem.replace(t=mem.t + 1)
             continue
         state = policy_state[key] if key in policy_state else pol.init(mem)
-        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key))
+        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key), mask=ok)
         policy_state[key] = res.state
         new[path] = res.mem
     collections = set_memories(collections, new) if new else collections
     # empty -> None, as the Trainer stores it (keeps the jitted step's pytree structure fixed)
-    return collections, policy_state or None
+    return collections, policy_state or None, dropped
 
 
 def _with_rows(collections, rows: Dict[str, dict]):
@@ -181,18 +196,20 @@ def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
 
 def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int):
     """Steps 3–4: the optax update of the parameters, every layer's rows under its policy,
-    ``step += 1``. ``-> (state, {"loss": loss})`` (pure)."""
+    ``step += 1``. ``-> (state, {"loss": loss, "dropped_rows": n})`` (pure; ``dropped_rows``:
+    candidate rows refused because they were not finite)."""
     params, opt_state = state.params, state.opt_state
     if tx is not None and jax.tree.leaves(params):
         updates, opt_state = tx.update(grads.g_params, opt_state, params)
         params = optax.apply_updates(params, updates)
     collections, policy_state = state.collections, state.policy_state
+    dropped = jnp.zeros((), jnp.int32)
     if "memory" in collections:
-        collections, policy_state = grow(collections, grads.intermediates, grads.g, batch_size,
-                                         policy_state=policy_state, row_grads=grads.row_grads)
+        collections, policy_state, dropped = grow(collections, grads.intermediates, grads.g, batch_size,
+                                                  policy_state=policy_state, row_grads=grads.row_grads)
     new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state,
                               policy_state=policy_state)
-    return new_state, {"loss": grads.loss}
+    return new_state, {"loss": grads.loss, "dropped_rows": dropped}
 
 
 def train_step(model, loss_fn, tx, state: TrainState, x, y):
@@ -253,6 +270,13 @@ class Trainer:
             rng = jax.random.key(0) if rng is None else rng
             variables = model.init(rng, sample_input)
         variables = flax.core.unfreeze(variables)
+        #: width of the model's output (the classes of a cross-entropy loss)
+        self.d_out = None
+        if sample_input is not None:
+            out = jax.eval_shape(lambda: model.apply({k: v for k, v in variables.items()
+                                                      if k not in ("intermediates", "perturbations")},
+                                                     jnp.asarray(sample_input)))
+            self.d_out = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 else None
         params = variables.pop("params", {})
         variables.pop("intermediates", None)
         variables.pop("perturbations", None)
@@ -378,8 +402,24 @@ class Trainer:
                                         policy_state=pstate)
 
     # ------------------------------------------------------------------ steps
+    def check_batch(self, x, y):
+        """Clear errors for a batch the model cannot learn from: labels outside the classes of a
+        cross-entropy loss, a batch of another size than its labels."""
+        if len(x) != len(y):
+            raise ValueError(f"the batch has {len(x)} inputs but {len(y)} targets")
+        if self.loss_fn is cross_entropy and self.d_out is not None:
+            labels = np.asarray(y)
+            if not np.issubdtype(labels.dtype, np.integer):
+                raise ValueError(f"cross-entropy needs integer class labels, got {labels.dtype}")
+            if labels.size and (labels.min() < 0 or labels.max() >= self.d_out):
+                bad = int(labels.min()) if labels.min() < 0 else int(labels.max())
+                raise ValueError(f"label {bad} is outside the model's {self.d_out} classes [0, {self.d_out}); fix the "
+                                 f"labels, or build the model with d_out >= {int(labels.max()) + 1}")
+
     def step(self, x, y) -> Dict[str, float]:
-        """One training step on the batch ``(x, y)``; returns ``{"loss": ...}`` (a device scalar)."""
+        """One training step on the batch ``(x, y)``; returns ``{"loss": ..., "dropped_rows": ...}``
+        (device scalars: reading them syncs). Rows that are not finite never enter a memory."""
+        self.check_batch(x, y)
         x = jnp.asarray(x)
         b = x.shape[0]
         self.ensure_capacity(b)
@@ -442,36 +482,72 @@ class Batches:
         return self.x[idx], self.y[idx]
 
 
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the message names the step and the last finite loss."""
+
+
 def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start: int = 0,
         checkpoint: Optional[Callable[[int], Any]] = None, every: int = 0,
         on_step: Optional[Callable[[int, dict], None]] = None, evaluate: Optional[Callable[[int], dict]] = None,
-        eval_every: int = 0, progress: bool = False, desc: str = "train", stop: Optional[Callable[[], bool]] = None
-        ) -> dict:
+        eval_every: int = 0, progress: bool = False, desc: str = "train", stop: Optional[Callable[[], bool]] = None,
+        on_nonfinite: str = "stop") -> dict:
     """The training loop used by the CLI, the benchmarks and the experiments.
 
     Runs steps ``start+1 .. steps``: ``batches(step) -> (x, y)``; ``on_step(step, metrics)``
     after each (``metrics["loss"]`` is a device scalar: reading it syncs); every ``eval_every``
-    steps (and at the end) ``evaluate(step) -> dict`` (a NaN/inf ``loss`` or metric stops the
-    run: it cannot recover); every ``every`` steps (and at the end) ``checkpoint(step)`` (e.g.
-    ``lambda step: ckpt.save(trainer, step, data_position={"step": step})``).
-    ``stop()`` is polled after every step (e.g. a Ctrl-C flag): the loop ends there, after a
-    checkpoint. A non-finite evaluation ends the loop without a checkpoint. Returns ``{"step", "evals", "seconds", "steps_per_second", "stopped"}``.
+    steps (and at the end) ``evaluate(step) -> dict`` (a NaN/inf metric stops the run: it cannot
+    recover); every ``every`` steps (and at the end) ``checkpoint(step)`` (e.g.
+    ``lambda step: ckpt.save(trainer, step, data_position={"step": step})``). ``stop()`` is
+    polled after every step (e.g. a Ctrl-C flag): the loop ends there, after a checkpoint.
+
+    ``on_nonfinite``: a step whose loss is NaN or infinite (a bad sample: its rows are dropped,
+    the other samples' rows enter) — ``"stop"`` raises :class:`NonFiniteLossError` at the next
+    checkpoint, evaluation or the end, *before* anything is saved, naming the step and the last
+    finite loss; ``"skip"`` trains on and counts such steps. The check costs no sync per step.
+    Returns ``{"step", "evals", "seconds", "steps_per_second", "stopped", "nonfinite_steps"}``.
     """
-    evals = []
+    if on_nonfinite not in ("stop", "skip"):
+        raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {on_nonfinite!r}")
+    evals, pending, nonfinite, last_finite = [], [], [0], [None]   # pending: (step, device loss) unchecked
+
+    def check():
+        """Read the losses since the last check (one sync); stop at a non-finite one."""
+        losses = np.asarray(jax.device_get([l for _, l in pending]), np.float64).reshape(-1) if pending else []
+        steps_seen = [s for s, _ in pending]
+        pending.clear()
+        for s, l in zip(steps_seen, losses):
+            if math.isfinite(l):
+                last_finite[0] = (s, float(l))
+                continue
+            nonfinite[0] += 1
+            if on_nonfinite == "stop":
+                lf = "none yet" if last_finite[0] is None else f"{last_finite[0][1]:.6g} at step {last_finite[0][0]}"
+                raise NonFiniteLossError(
+                    f"the training loss became {l} at step {s} (last finite loss: {lf}); nothing was saved after "
+                    f"it — check the data and the hyper-parameters (a NaN input, a too large η or β)")
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True)
+        # on a terminal (or with GROWMEM_PROGRESS=1): a log or a pipe gets the results, not bar frames
+        force = os.environ.get("GROWMEM_PROGRESS") == "1"
+        bar = tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True,
+                   disable=False if force else None)
     t0 = time.perf_counter()
     step, stopped = start, None
     try:
         for step in range(start + 1, steps + 1):
             x, y = batches(step)
             metrics = trainer.step(x, y)
+            pending.append((step, metrics["loss"]))
             if on_step is not None:
                 on_step(step, metrics)
             last = step == steps
-            if evaluate is not None and eval_every and (step % eval_every == 0 or last):
+            due_eval = evaluate is not None and eval_every and (step % eval_every == 0 or last)
+            due_ckpt = checkpoint is not None and every and (step % every == 0 or last)
+            if due_eval or due_ckpt or last or len(pending) >= 1024:
+                check()
+            if due_eval:
                 ev = dict(evaluate(step), step=step)
                 evals.append(ev)
                 if bar is not None:
@@ -482,13 +558,14 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
                     stopped = f"non-finite {', '.join(bad)} at step {step}"
             if stopped:   # a diverged state is never checkpointed
                 break
-            if checkpoint is not None and every and (step % every == 0 or last):
+            if due_ckpt:
                 checkpoint(step)
             if bar is not None:
                 bar.update(1)
             if stop is not None and stop():
                 stopped = f"stopped at step {step}"
-                if checkpoint is not None and every and step % every != 0:
+                if checkpoint is not None and every and not due_ckpt:
+                    check()
                     checkpoint(step)
                 break
     finally:
@@ -497,4 +574,5 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
     seconds = time.perf_counter() - t0
     done = step - start
     return {"step": step, "evals": evals, "seconds": seconds,
-            "steps_per_second": done / seconds if seconds > 0 and done > 0 else None, "stopped": stopped}
+            "steps_per_second": done / seconds if seconds > 0 and done > 0 else None, "stopped": stopped,
+            "nonfinite_steps": nonfinite[0]}

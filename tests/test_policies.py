@@ -232,7 +232,8 @@ def test_capacity_reject_after_novelty_keeps_the_first_novel_candidates():
 def test_weight_decay_scales_stored_rows_and_not_the_new_ones():
     rng = np.random.default_rng(3)
     for kernel in ("weighted_softmax", "rbf"):
-        spec = GrowingSpec.make(kernel)
+        spec = GrowingSpec.make(kernel, eta=1.0, beta=1.0) if kernel == "weighted_softmax" else \
+            GrowingSpec.make(kernel, eta=1.0)
         mem = rand_mem(rng, 5, 3, 2, spec=spec)
         pol = P.weight_decay(0.25)
         rows = Rows(jnp.full(2, 0.7), jnp.ones((2, 3)), jnp.ones((2, 2)))
@@ -282,7 +283,8 @@ def test_pruning_changes_outputs_by_no_more_than_the_epsilon_bound(kernel):
     softmax ε(1+‖y‖) Σ_pruned c e^a / Σ_kept c w e^a;  rbf ε Σ_pruned c;  linear ε‖q‖ Σ_pruned c‖k‖."""
     eps, d_in, d_out = 1e-2, 6, 3
     rng = np.random.default_rng(5)
-    spec = GrowingSpec.make(kernel, temperature=1.0, momentum=0.6)
+    hyper = {"eta": 1.0, "beta": 1.0} if kernel == "weighted_softmax" else {"eta": 1.0}
+    spec = GrowingSpec.make(kernel, temperature=1.0, momentum=0.6, **hyper)
     n = 400
     k = rng.normal(size=(n, d_in)).astype(np.float32)
     v = rng.normal(size=(n, d_out)).astype(np.float32)
@@ -384,12 +386,13 @@ def test_momentum_policy_retrieves_like_the_spec_momentum_field():
     base = rand_mem(rng, 12, 4, 3).replace(t=jnp.asarray(5, jnp.int32))
     base = base.replace(born=base.born.at[0].set(-1))  # an initial row: c = 1
     outs = [np.asarray(jax.jit(retrieve)(base.replace(spec=spec, policy=pol), q))
-            for spec, pol in ((GrowingSpec.make("weighted_softmax", momentum=0.9), None),
-                              (GrowingSpec.make("weighted_softmax"), P.momentum(0.9)))]
+            for spec, pol in ((GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, momentum=0.9), None),
+                              (GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0), P.momentum(0.9)))]
     np.testing.assert_array_equal(outs[0], outs[1])
     # both at once would multiply: refused
     with pytest.raises(ValueError, match="momentum is set twice"):
-        retrieve(base.replace(spec=GrowingSpec.make("weighted_softmax", momentum=0.9), policy=P.momentum(0.9)), q)
+        retrieve(base.replace(spec=GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, momentum=0.9),
+                              policy=P.momentum(0.9)), q)
 
 
 def test_decayed_momentum_coefficients_match_eq_100():

@@ -188,5 +188,7 @@ def test_growmem_train_on_two_processes_matches_one_process(tmp_path, distribute
     assert two["rows"] == one["rows"]
     for (s1, l1), (s2, l2) in zip(one["test_curve"], two["test_curve"]):
         assert s1 == s2 and abs(l1 - l2) <= 1e-4 * abs(l1) + 1e-7, (one["test_curve"], two["test_curve"])
-    info = {l["layer"]: l for l in __import__("growmem").checkpoint.inspect(tmp_path / "ckpt")["layers"]}
+    from growmem.checkpoint import inspect
+
+    info = {l["layer"]: l for l in inspect(tmp_path / "ckpt")["layers"]}
     assert info["readout"]["backend"] == "sharded" and len(info["readout"]["shards"]) == 2

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .. import kernels
+from .. import kernels, locks
 from .. import memory as memlib
 from ..errors import CheckpointError
 from . import RAM, _temperature
@@ -119,6 +119,7 @@ class ColdTier:
         self.generation = int(manifest["generation"])
         self.rows = int(manifest["rows_cold"])
         self.spec = manifest.get("spec")
+        self.owner = manifest.get("owner")
         self.read_only = read_only
         self._lock = threading.Lock()
         self._arrays = self._open_arrays(self.generation, create=False)
@@ -137,7 +138,10 @@ class ColdTier:
 
     @classmethod
     def create(cls, location, *, d_in: int, d_out: int, chunk_rows: int, dtype=np.float32, spec_json=None,
-               overwrite: bool = False) -> "ColdTier":
+               overwrite: bool = False, owner: Optional[str] = None) -> "ColdTier":
+        """A new, empty tier at ``location``. A tier already there (another run's cold rows) is
+        refused unless ``overwrite``. ``owner``: the id of the run the tier belongs to (a new
+        one by default): checkpoints record it and refuse another run's tier."""
         url = url_of(location)
         path = local_path(url)
         if path is not None:
@@ -150,11 +154,18 @@ class ColdTier:
             except OSError as e:
                 raise TierError(f"cannot write the cold tier directory {path}: {e}") from e
         kv = cls._kv(url)
-        if kv.read(MANIFEST).result().state == "value" and not overwrite:
-            raise TierError(f"a tier already exists at {url}; open it (resume) or pass overwrite=True")
+        existing = kv.read(MANIFEST).result()
+        if existing.state == "value" and not overwrite:
+            try:
+                other = json.loads(bytes(existing.value)).get("owner", "?")
+            except json.JSONDecodeError:
+                other = "?"
+            raise TierError(f"a tier already exists at {url} (the cold rows of run {other}); resume that run, or "
+                            f"spill to another folder (growmem train --spill-dir), or delete that folder to discard "
+                            f"its rows (Tiered(..., overwrite=True) does it)")
         manifest = {"format": TIER_FORMAT, "version": TIER_VERSION, "d_in": int(d_in), "d_out": int(d_out),
                     "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows), "generation": 0, "rows_cold": 0,
-                    "spec": spec_json}
+                    "spec": spec_json, "owner": owner or uuid.uuid4().hex}
         self = cls.__new__(cls)
         self.url, self.d_in, self.d_out, self.dtype = url, int(d_in), int(d_out), np.dtype(dtype)
         self.chunk_rows = int(chunk_rows)
@@ -197,7 +208,7 @@ class ColdTier:
     def manifest(self) -> dict:
         return {"format": TIER_FORMAT, "version": TIER_VERSION, "d_in": self.d_in, "d_out": self.d_out,
                 "dtype": str(self.dtype), "chunk_rows": self.chunk_rows, "generation": self.generation,
-                "rows_cold": self.rows, "spec": self.spec}
+                "rows_cold": self.rows, "spec": self.spec, "owner": self.owner}
 
     def _open_arrays(self, generation: int, create: bool):
         import tensorstore as ts
@@ -545,7 +556,7 @@ class ColdStore:
 
     def reference(self) -> dict:
         return {"url": self.tier.url, "generation": self.tier.generation, "rows_cold": self.rows,
-                "chunk_rows": self.tier.chunk_rows, "dtype": str(self.tier.dtype),
+                "owner": self.tier.owner, "chunk_rows": self.tier.chunk_rows, "dtype": str(self.tier.dtype),
                 "spill": {"seg_start": self.seg_start.tolist(), "seg_t": self.seg_t.tolist()}}
 
 
@@ -639,6 +650,14 @@ class Tiered(RAM):
 
     def _open_store(self, location, mem, name, chunk):
         spec_json = _spec_json(mem.spec)
+        path = local_path(url_of(location))
+        if path is not None:   # one process writes a tier
+            try:
+                locks.acquire(path, f"the cold tier of {name}")
+            except locks.LockedError as e:
+                raise TierError(str(e)) from None
+            except OSError as e:
+                raise TierError(f"cannot write the cold tier directory {path}: {e}") from None
         if self.resume:
             tier = ColdTier.open(location)
             if tier.d_in != mem.d_in or tier.d_out != mem.d_out:
@@ -879,6 +898,10 @@ def _reopen(store: ColdStore, ref: dict, name: str):
     """Point a store at the tier a checkpoint refers to, at the checkpoint's rows."""
     tier = store.tier
     manifest = ColdTier.read_manifest(tier.url)
+    if ref.get("owner") and manifest.get("owner") != ref["owner"]:
+        raise TierError(f"the cold tier at {tier.url} holds the rows of run {manifest.get('owner')}, not of run "
+                        f"{ref['owner']} that wrote this checkpoint of {name} (another run spilled into the same "
+                        f"folder); resume with the spill folder this run used")
     if int(manifest["generation"]) != int(ref["generation"]):
         raise TierError(f"the checkpoint of {name} refers to generation {ref['generation']} of the cold tier at "
                         f"{tier.url}, which is now at generation {manifest['generation']} (rows were compacted since)")

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from .. import __version__, backends
+from .. import __version__, backends, locks
 from .. import memory as memlib
 from ..backends.sharded import host_value
 from ..errors import CheckpointError, ConfigMismatchError, CorruptCheckpointError, IncompatibleVersionError
@@ -312,6 +312,13 @@ class Checkpointer:
                     raise CheckpointError(f"checkpoint directory {self.directory} is not writable")
             elif not os.path.isdir(self.directory):
                 raise CheckpointError(f"no checkpoint directory at {self.directory}")
+        self._lock = None
+        if local and create and jax.process_index() == 0:
+            # one writer per folder: a second run saving here would interleave steps with this one
+            try:
+                self._lock = locks.acquire(self.directory, "checkpoint directory")
+            except locks.LockedError as e:
+                raise CheckpointError(str(e)) from None
         self._ocp = ocp
         handler, self._HostSave, self._HostRestore = handlers()
         opts = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=create)
@@ -324,12 +331,19 @@ class Checkpointer:
         self._mgr.reload()
         return sorted(int(s) for s in self._mgr.all_steps())
 
+    def delete(self, step: int):
+        """Remove one checkpoint step."""
+        self._mgr.delete(int(step))
+
     def latest_step(self) -> Optional[int]:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
     def close(self):
         self._mgr.close()
+        if self._lock is not None:
+            locks.release(self._lock)
+            self._lock = None
 
     def __enter__(self):
         return self
@@ -447,7 +461,7 @@ class Checkpointer:
     def _entries(self):
         if "://" in self.directory or not os.path.isdir(self.directory):
             return []
-        return os.listdir(self.directory)
+        return [n for n in os.listdir(self.directory) if n != locks.LOCK_NAME]
 
     def _remove_partial(self, before):
         """Remove what a failed save left (Orbax's temporary folder), never a complete step."""

@@ -398,7 +398,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     if growmem_loop not in LOOPS:
         raise unknown("growmem loop", growmem_loop, LOOPS)
     if isinstance(budget_bytes, str):
-        from growmem.cli import parse_size
+        from growmem.units import parse_size
         budget_bytes = parse_size(budget_bytes)
     if budget_bytes is not None and int(budget_bytes) <= 0:
         raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
