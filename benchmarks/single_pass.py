@@ -246,6 +246,12 @@ def capped_vs_uncapped(data, cfg, bar=None) -> dict:
 
 # ----------------------------------------------------------------------------- main
 
+def _report(bar, r):
+    """One line per finished run (the JSON is written at the end)."""
+    keys = [k for k in ("wall_s", "ms_per_step", "accuracy", "rows", "ratio") if isinstance(r.get(k), (int, float))]
+    bar.write(f"{r.get('label', 'capped vs uncapped')}: " + ", ".join(f"{k} {r[k]:.4g}" for k in keys))
+
+
 def plot(runs, summary, out):
     from growmem.reporting import pyplot
 
@@ -295,6 +301,7 @@ def main(argv=None):
             del tr
             r["floor_s"] = r["floor_bytes"] / bw["bytes_per_s"]
             runs.append(r)
+            _report(bar, r)
             summary.update(wall_s=r["wall_s"], accuracy=r["accuracy"], floor_s=r["floor_s"],
                            ratio_to_floor=r["wall_s"] / r["floor_s"], cores_used=r["cores_used"],
                            sys_fraction=r["sys_fraction"], minor_faults_per_step=r["minor_faults_per_step"],
@@ -304,6 +311,7 @@ def main(argv=None):
             r = single_pass("weighted_softmax bf16 rows", "weighted_softmax", data, cfg, bf16=True, bar=bar)
             r.pop("trainer")
             runs.append(r)
+            _report(bar, r)
             summary["bf16"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"], "floor_s": r["floor_bytes"] /
                                bw["bytes_per_s"]}
             if "wall_s" in summary:
@@ -312,16 +320,19 @@ def main(argv=None):
             r = single_pass("gauge", "gauge", data, cfg, bar=bar)
             r.pop("trainer")
             runs.append(r)
+            _report(bar, r)
             summary["gauge"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"]}
         if "hybrid" in wanted:
             r = single_pass("hybrid", "hybrid", data, cfg, bar=bar)
             r.pop("trainer")
             runs.append(r)
+            _report(bar, r)
             summary["hybrid"] = {"ms_per_step": r["ms_per_step"], "rows": r["rows"], "accuracy": r["accuracy"],
                                  "speedup_vs_reference_low": REFERENCE_HYBRID_S_PER_STEP[0] * 1e3 / r["ms_per_step"]}
         if "capped" in wanted:
             r = capped_vs_uncapped(data, cfg, bar=bar)
             runs.append(r)
+            _report(bar, r)
             summary["capped"] = {"ms_per_step": r["capped_ms_per_step"],
                                  "uncapped_ms_per_step_same_rows": r["uncapped_ms_per_step_same_rows"],
                                  "ratio": r["ratio"], "cap": r["cap"], "accuracy": r["accuracy"]}

@@ -49,11 +49,11 @@ import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import optax
 
-from . import kernels, layers, memory, policies, rules, train
+from . import keyspaces, kernels, layers, memory, nadaraya, policies, rules, train, units
 
 
 class ConfigError(ValueError):
@@ -155,6 +155,40 @@ TRAIN = {
     "seed": _num(0, kind="int"),
 }
 TOP = {"description", "model", "layer", "readout", "policy", "hybrid", "train"}
+#: a target-memory preset (growmem.nadaraya): [target] + [keys] + [train]
+TARGET = {
+    "temperature": _num(0, lo_open=True),
+    "learn_temperature": Field("bool", "true or false"),
+    "lr": _num(0),
+    "clip": _num(0, lo_open=True),
+    "row_dtype": _enum(*memory.ROW_DTYPES),
+    "evict": _enum(*nadaraya.EVICTIONS),
+    "candidates": _num(1, kind="int"),
+    "budget": Field("str", "a size such as '15.7MB'", lambda v: _size_ok(v)),
+}
+KEYS = {
+    "kind": _enum(*keyspaces.KEY_SPACES),
+    "normalise": Field("bool", "true or false"),
+    "n": _num(1, kind="int"),
+    "deskew": Field("bool", "true or false"),
+    "dim": _num(1, kind="int"),
+    "n_fit": _num(1, kind="int"),
+    "rho": _num(0, 1, lo_open=True, hi_open=True),
+    "param_dtype": _enum("float16", "float32"),
+    "buffer_dtype": _enum("float16", "float32"),
+    "max_regimes": _num(1, kind="int"),
+}
+#: which [keys] entries each key space takes
+KEY_ARGS = {"identity": {"normalise"}, "dct": {"n", "deskew"},
+            "subspaces": {"dim", "n_fit", "rho", "param_dtype", "buffer_dtype", "max_regimes"}}
+TARGET_TOP = {"description", "target", "keys", "train"}
+
+
+def _size_ok(v) -> bool:
+    try:
+        return units.parse_size(v) > 0
+    except ValueError:
+        return False
 
 
 def _type_ok(kind, v):
@@ -268,6 +302,78 @@ class Preset:
                              rng=rng, policy=self.policies(), **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class TargetPreset:
+    """A validated target-memory preset (:mod:`growmem.nadaraya`): build its memory with
+    :meth:`memory`. ``[target]`` holds the :class:`~growmem.nadaraya.TargetMemory` settings (and an
+    optional default ``budget``), ``[keys]`` the key space (``kind`` + its arguments)."""
+
+    path: str
+    description: str
+    target: Tuple[Tuple[str, Any], ...] = ()
+    keys: Tuple[Tuple[str, Any], ...] = ()
+    train: Tuple[Tuple[str, Any], ...] = ()
+
+    kind = "target"
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    @property
+    def settings(self) -> dict:
+        """Training settings (batch_size, epochs, seed) with their defaults."""
+        return {"batch_size": 32, "epochs": 1.0, "seed": 0, **dict(self.train)}
+
+    @property
+    def budget_bytes(self) -> Optional[int]:
+        b = dict(self.target).get("budget")
+        return None if b is None else int(units.parse_size(b))
+
+    def key_space(self, d_in: int):
+        k = dict(self.keys)
+        kind = k.pop("kind", "identity")
+        return keyspaces.make(kind, d_in, **k)
+
+    def memory(self, d_in: int, d_out: int, *, budget_bytes: Optional[int] = None, seed: Optional[int] = None,
+               **overrides) -> nadaraya.TargetMemory:
+        """A :class:`~growmem.nadaraya.TargetMemory` for inputs of ``d_in`` features and ``d_out``
+        classes (``budget_bytes`` overrides the preset's budget)."""
+        t = dict(self.target)
+        budget = self.budget_bytes if budget_bytes is None else int(budget_bytes)
+        t.pop("budget", None)
+        t.update(overrides)
+        return nadaraya.TargetMemory(self.key_space(d_in), d_out, budget_bytes=budget,
+                                     seed=self.settings["seed"] if seed is None else int(seed), **t)
+
+
+def _load_target(path, doc) -> TargetPreset:
+    unknown = set(doc) - TARGET_TOP
+    if unknown:
+        raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; a target-memory preset ([target]) allows "
+                          f"the top-level keys {', '.join(sorted(TARGET_TOP))}")
+    desc = doc.get("description")
+    if not isinstance(desc, str) or not desc.strip():
+        raise ConfigError(f"{path}: key 'description' is missing; allowed: a one-line string")
+    target = _validate(path, "target", doc.get("target", {}), TARGET)
+    if "temperature" not in target:
+        raise ConfigError(f"{path}: key 'target.temperature' is missing; allowed: {TARGET['temperature'].allowed}")
+    keys = _validate(path, "keys", doc.get("keys", {}), KEYS)
+    kind = keys.get("kind", "identity")
+    bad = set(keys) - {"kind"} - KEY_ARGS[kind]
+    if bad:
+        raise ConfigError(f"{path}: key 'keys.{sorted(bad)[0]}' does not apply to key space {kind!r}; allowed: "
+                          f"{', '.join(sorted(KEY_ARGS[kind]))}")
+    for k in ("n", "dim", "n_fit", "max_regimes"):
+        if k in keys:
+            keys[k] = int(keys[k])
+    tr = _validate(path, "train", doc.get("train", {}), {k: TRAIN[k] for k in ("batch_size", "epochs", "seed")})
+    if "candidates" in target:
+        target["candidates"] = int(target["candidates"])
+    return TargetPreset(path=str(path), description=desc.strip().splitlines()[0], target=tuple(sorted(target.items())),
+                        keys=tuple(sorted(keys.items())), train=tuple(sorted(tr.items())))
+
+
 def _build_policy(path, entries) -> tuple:
     """The validated ``[[policy]]`` entries ``((name, ((key, value), ...)), ...)``; each is built
     once here so that impossible combinations fail at load time."""
@@ -347,8 +453,9 @@ def resolve(name_or_path) -> Path:
                       f"{', '.join(n for n, _, _ in available()) or 'none'}, or pass a path to a .toml file")
 
 
-def load(name_or_path) -> Preset:
-    """Read and validate a preset TOML file (or a shipped preset by name)."""
+def load(name_or_path) -> Union[Preset, TargetPreset]:
+    """Read and validate a preset TOML file (or a shipped preset by name): a growing network
+    (:class:`Preset`), or a target memory (:class:`TargetPreset`, a file with a ``[target]`` table)."""
     path = resolve(name_or_path)
     try:
         with open(path, "rb") as f:
@@ -357,6 +464,8 @@ def load(name_or_path) -> Preset:
         raise ConfigError(f"{path}: not valid TOML ({e}); see `growmem policies --copy DIR` for examples") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the preset: {e.strerror or e}") from None
+    if "target" in doc:
+        return _load_target(path, doc)
     unknown = set(doc) - TOP
     if unknown:
         raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; allowed top-level keys: "

@@ -177,8 +177,12 @@ RBF = Kernel("rbf", form="neg_sqdist", scale=0.5, exponential=True, normalised=F
              rules=("sgd",))
 WEIGHTED_SOFTMAX = Kernel("weighted_softmax", form="dot", scale=1.0, exponential=True, normalised=True,
                           uses_temperature=True, rules=("weighted_softmax", "gauge"))
+#: the Gaussian Nadaraya–Watson estimator: Σ c w e^{−‖q−k‖²/(2T√d)} ṽ / Σ c w e^{−‖q−k‖²/(2T√d)}
+#: (with w = 1 and ṽ the targets: :mod:`growmem.nadaraya`)
+NADARAYA_WATSON = Kernel("nadaraya_watson", form="neg_sqdist", scale=0.5, exponential=True, normalised=True,
+                         uses_temperature=True, rules=("target",))
 #: the kernel table: name -> Kernel
-KERNELS: Dict[str, Kernel] = {k.name: k for k in (LINEAR, RBF, WEIGHTED_SOFTMAX)}
+KERNELS: Dict[str, Kernel] = {k.name: k for k in (LINEAR, RBF, WEIGHTED_SOFTMAX, NADARAYA_WATSON)}
 
 
 def get(kernel) -> Kernel:

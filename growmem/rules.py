@@ -51,18 +51,29 @@ def gauge(q, s, g, *, eta: float, beta: float, alpha: float, eps: float = 1e-8) 
     return Rows(w=w, k=q, v=coef[:, None] * g)
 
 
-RULES = {"sgd": sgd, "weighted_softmax": weighted_softmax, "gauge": gauge}
+def target(q, s, g) -> Rows:
+    """Nadaraya–Watson rows (App. "test-time regression" view): ``w = 1``, ``k = q``, ``ṽ = y``,
+    the target itself. ``y`` is recovered from the squared-error gradient: for
+    ``ℓ_n = ½‖s_n − y_n‖²``, ``g_n = s_n − y_n`` so ``y_n = s_n − g_n`` (exact with
+    ``grad_unit = "per_sample"`` and the ``mse`` loss). :class:`growmem.nadaraya.TargetMemory`
+    stores targets directly."""
+    return Rows(w=jnp.ones(q.shape[:1], q.dtype), k=q, v=s - g)
+
+
+RULES = {"sgd": sgd, "weighted_softmax": weighted_softmax, "gauge": gauge, "target": target}
 #: hyperparameters each rule accepts (used to validate configurations)
 RULE_HYPER = {
     "sgd": {"eta"},
     "weighted_softmax": {"eta", "beta", "clip"},
     "gauge": {"eta", "beta", "alpha", "eps"},
+    "target": set(),
 }
 #: hyperparameters each rule needs (no default)
 RULE_REQUIRED = {
     "sgd": {"eta"},
     "weighted_softmax": {"eta", "beta"},
     "gauge": {"eta", "beta", "alpha"},
+    "target": set(),
 }
 
 

@@ -18,6 +18,20 @@ if _SHARED_DATA.is_dir():
     os.environ.setdefault("GROWMEM_DATA", str(_SHARED_DATA))
 
 
+def pytest_sessionstart(session):
+    """In CI nothing may be skipped for want of data or of an extra: fail at once instead."""
+    if not os.environ.get("CI"):
+        return
+    from growmem.data import mnist
+    if not mnist.available():
+        raise pytest.UsageError(f"CI needs the MNIST IDX files: set GROWMEM_DATA (searched "
+                                f"{[str(d) for d in mnist.candidate_dirs(None)]})")
+    try:
+        import avalanche  # noqa: F401
+    except ImportError:
+        raise pytest.UsageError("CI needs the continual extra: pip install -e '.[all]'") from None
+
+
 def np_linear(q, k, v, coeff=None):
     """Eq. 1 without W0: ``Σ_i c_i ⟨k_i, q⟩ v_i``."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))

@@ -133,6 +133,24 @@ def test_roundtrip_restores_params_optimizer_state_memory_rng_and_position(tmp_p
     c.close()
 
 
+def test_bfloat16_rows_come_back_as_bfloat16_bit_for_bit(tmp_path):
+    """.npy has no bfloat16 dtype: the rows must not come back as raw 2-byte voids."""
+    x, y = _data()
+    model = gm.ResidualGrowingNet(d_out=2, n_blocks=1, readout=_spec(row_dtype="bfloat16"),
+                                  block=_spec(row_dtype="bfloat16"))
+    make = lambda seed: gm.Trainer(model, loss="cross_entropy", sample_input=x[:8],  # noqa: E731
+                                   rng=jax.random.key(seed))
+    g = make(0)
+    fit(g, x, y, batch_size=8, steps=4, rng=jax.random.key(0))
+    assert g.memories()[("readout",)].k.dtype == jax.numpy.bfloat16
+    with ck.Checkpointer(tmp_path / "c") as c:
+        c.save(g)
+        g2 = make(3)
+        c.restore(g2)
+    assert _states_bitwise_equal(g.state, g2.state)
+    assert _bits_equal(g.predict(x), g2.predict(x))
+
+
 def test_keeps_only_the_last_k_checkpoints(tmp_path):
     x, y = _data()
     t = _trainer()

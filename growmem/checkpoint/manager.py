@@ -524,6 +524,12 @@ class Checkpointer:
                                          f"{type(e).__name__}: {e}") from None
         if names:
             out.update(got[HOST_ITEM])
+            for s in slots:     # .npy has no bfloat16: such arrays come back as raw 2-byte voids
+                a = out.get(s.get("host"))
+                if a is not None and a.dtype.kind == "V" and "dtype" in s:
+                    want = jnp.dtype(s["dtype"])
+                    if want.itemsize == a.dtype.itemsize:
+                        out[s["host"]] = a.view(want)
         if global_args:
             out.update(dict(got[GLOBAL_ITEM]))
         if verify:

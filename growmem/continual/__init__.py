@@ -37,9 +37,9 @@ _LAZY = {
     "make_evaluator": "metrics", "default_metrics": "metrics", "summarize": "metrics",
     "forgetting_and_bwt": "metrics", "MemoryBytesMetric": "metrics",
     "make_baseline": "baselines", "BASELINES": "baselines",
-    "growmem_bytes": "memory_bytes", "torch_strategy_bytes": "memory_bytes",
+    "growmem_bytes": "memory_bytes", "target_bytes": "memory_bytes", "torch_strategy_bytes": "memory_bytes",
 }
-_NO_TORCH = {"growmem_bytes": "memory_bytes"}  # importable without the extra
+_NO_TORCH = {"growmem_bytes": "memory_bytes", "target_bytes": "memory_bytes"}  # importable without the extra
 
 __all__ = ["EXTRA_INSTALL", "DatasetNotFoundError", "InputShapeError", "MissingExtraError", "UnknownNameError",
            "DEFAULT_PRESET", "GrowmemConfig", "GrowmemLearner", *_LAZY]

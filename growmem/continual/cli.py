@@ -44,7 +44,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
                         "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="cap growmem's memory at SIZE bytes (e.g. 15.7MB; binary units, 1 MB = 2^20 B); every "
+                   help="cap growmem's memory at SIZE bytes (e.g. 15.7MB; 1 MB = 10^6 B, 1 MiB = 2^20 B); every "
                         "method's peak bytes are checked against it")
     p.add_argument("--online", action="store_true", help="a single pass over each experience for every method")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")

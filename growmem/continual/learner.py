@@ -58,6 +58,8 @@ class GrowmemConfig:
             names = [n for n, _, _ in config.available()]
             raise UnknownNameError(f"unknown growmem preset {self.preset!r}; valid presets: {', '.join(names)} "
                                    f"(or a path to a preset TOML file)") from None
+        if getattr(preset, "kind", None) == "target":
+            return self._load_target(preset)
         if self.n_blocks is not None:
             preset = dataclasses.replace(preset, n_blocks=int(self.n_blocks))
         if self.batch_size is not None or self.epochs is not None:
@@ -69,6 +71,20 @@ class GrowmemConfig:
             preset = dataclasses.replace(preset, train=tuple(sorted(train.items())))
         if self.max_rows is not None:
             preset = with_row_cap(preset, int(self.max_rows), self.on_full)
+        return preset
+
+    def _load_target(self, preset):
+        """A target-memory preset with the overrides that apply to it."""
+        if self.n_blocks is not None or self.max_rows is not None:
+            raise ValueError(f"preset {preset.name!r} is a target memory (no residual blocks, no row cap): drop "
+                             f"n_blocks / max_rows and bound it with a memory budget (--memory-budget)")
+        if self.batch_size is not None or self.epochs is not None:
+            train = dict(preset.train)
+            if self.batch_size is not None:
+                train["batch_size"] = int(self.batch_size)
+            if self.epochs is not None:
+                train["epochs"] = float(self.epochs)
+            preset = dataclasses.replace(preset, train=tuple(sorted(train.items())))
         return preset
 
     @property
@@ -123,6 +139,9 @@ class GrowmemLearner:
         self.num_classes = int(num_classes)
         self.input_size = None if input_size is None else int(input_size)
         self.input_shape = None
+        self.is_target = getattr(self.preset, "kind", None) == "target"
+        if budget_bytes is None and self.is_target:
+            budget_bytes = self.preset.budget_bytes        # the preset's own budget, if it has one
         self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
         self.n_tasks = max(1, int(n_tasks))
         self.seed = int(seed)
@@ -139,6 +158,10 @@ class GrowmemLearner:
         return max(1, int(math.ceil(float(self.preset.settings["epochs"]))))
 
     def describe(self) -> dict:
+        if self.is_target:
+            return {"config": self.config.describe(), "preset_path": self.preset.path, "kind": "target",
+                    "batch_size": self.batch_size, "epochs": self.epochs, "budget_bytes": self.budget_bytes,
+                    "tasks": {k: t.describe() for k, t in sorted(self.trainers.items())}}
         return {"config": self.config.describe(), "preset_path": self.preset.path, "n_blocks": self.preset.n_blocks,
                 "batch_size": self.batch_size, "epochs": self.epochs, "readout": repr(self.preset.readout),
                 "max_rows": self.max_rows, "budget_bytes": self.budget_bytes, "tasks": sorted(self.trainers)}
@@ -222,6 +245,11 @@ class GrowmemLearner:
             import jax
 
             d_in = int(d_in or self.input_size)
+            if self.is_target:
+                per_task = None if self.budget_bytes is None else self.budget_bytes // self.n_tasks
+                self.trainers[key] = self.preset.memory(d_in, self.num_classes, budget_bytes=per_task,
+                                                        seed=self.seed * 1000 + int(task))
+                return self.trainers[key]
             preset = self._cap_preset(d_in)
             rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
             self.trainers[key] = preset.trainer(np.zeros((1, d_in), np.float32), self.num_classes, rng=rng)
@@ -238,7 +266,7 @@ class GrowmemLearner:
             idx = np.flatnonzero(tasks == task)
             tr = self.trainer_for(int(task), x.shape[1])
             sel = slice(None) if len(idx) == len(x) else idx
-            out[self.task_key(task)] = tr.step(x[sel], y[sel])
+            out[self.task_key(task)] = tr.observe(x[sel], y[sel]) if self.is_target else tr.step(x[sel], y[sel])
         return out
 
     def predict(self, x, t=None, batch_size: int = 1024) -> np.ndarray:
@@ -256,16 +284,18 @@ class GrowmemLearner:
         return out
 
     def rows_in_use(self) -> Dict[str, int]:
+        if self.is_target:
+            return {f"{k}/regime{j}": n for k, t in self.trainers.items() for j, n in enumerate(t.rows_per_regime())}
         return {f"{k}/{layer}": n for k, t in self.trainers.items() for layer, n in t.rows_in_use().items()}
 
     def memory_bytes(self) -> dict:
-        from .memory_bytes import growmem_bytes
-        return growmem_bytes(self.trainers)
+        from .memory_bytes import growmem_bytes, target_bytes
+        return target_bytes(self.trainers) if self.is_target else growmem_bytes(self.trainers)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:
         """Save every task model's state with the core ``Checkpointer`` (one checkpoint)."""
-        state = {k: t.state for k, t in self.trainers.items()}
+        state = {k: (t.state() if self.is_target else t.state) for k, t in self.trainers.items()}
         extra = {**(extra or {}), "learner": {"tasks": sorted(self.trainers), "input_size": self.input_size,
                                               "input_shape": list(self.input_shape or ()),
                                               "max_rows": self.max_rows}}
@@ -281,8 +311,34 @@ class GrowmemLearner:
             self.input_shape = tuple(info.get("input_shape") or (self.input_size,))
         for key in info.get("tasks", []):
             self.trainer_for(int(key[len("task"):]), self.input_size)
+        if self.is_target:
+            return self._restore_target(checkpointer, meta, config)
         template = {k: t.state for k, t in self.trainers.items()} or None
         r = checkpointer.restore(template, step, config=config)
         for k, t in self.trainers.items():
             t.set_state(r.state[k])
         return r
+
+    def _restore_target(self, checkpointer, meta, config):
+        """Target memories hold rows of any count: read the saved arrays by path (checked
+        against their checksums) instead of into a template of fixed shapes."""
+        from growmem.checkpoint import ConfigMismatchError, Restored
+        from growmem.checkpoint.manager import diff
+
+        step = int(meta["step"])
+        if config is not None and meta.get("config") is not None:
+            import json
+            diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
+            if diffs:
+                raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
+                                          f"different config: " + "; ".join(diffs))
+        arrays = checkpointer.read_arrays(step, meta)
+        states: Dict[str, dict] = {}
+        for entry in meta["leaves"]:
+            task, _, name = entry["path"].partition("/")
+            states.setdefault(task, {})[name] = arrays[entry["host"]]
+        for key, t in self.trainers.items():
+            t.load_state(states[key])
+        return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
+                        config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
+                        stores={})

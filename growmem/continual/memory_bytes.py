@@ -87,6 +87,19 @@ def growmem_bytes(trainers: Dict[str, Any]) -> Dict[str, int]:
 
 # ----------------------------------------------------------------------------- PyTorch
 
+def target_bytes(memories: Dict[str, Any]) -> Dict[str, int]:
+    """Bytes of growmem target memories (``{name: TargetMemory}``): rows in use (w, k, ṽ, born at
+    their stored dtypes) and as allocated, the key spaces' state (subspace bases, the buffer of
+    inputs waiting for one), the learned T and the step."""
+    keys = ("rows_in_use", "rows_in_use_bytes", "rows_allocated_bytes", "key_space_bytes", "other_bytes",
+            "bytes_in_use", "bytes_allocated")
+    out = dict.fromkeys(keys, 0)
+    for m in memories.values():
+        for k, v in m.nbytes().items():
+            out[k] += int(v)
+    return out
+
+
 def _tensor_bytes(t) -> int:
     return int(t.numel()) * int(t.element_size())
 

@@ -45,7 +45,7 @@ from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
 
 from . import baselines as B  # noqa: E402
 from .fast import FastLoop  # noqa: E402
-from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
+from .learner import DEFAULT_PRESET, GrowmemConfig, GrowmemLearner  # noqa: E402
 from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
                       memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
@@ -56,6 +56,10 @@ GROWMEM = "growmem"
 #: growmem variants run by default on the drifting stream: no forgetting / weight decay / a window
 DRIFT_GROWMEM = ("growmem", "growmem:continual_decay", "growmem:continual_window")
 DEFAULT_BASELINES = ("naive", "replay_1000")
+#: growmem's default preset per stream (else DEFAULT_PRESET): target memories on image streams —
+#: fixed DCT keys where classes arrive over time, novelty-opened subspaces where inputs change
+STREAM_PRESETS = {"split_mnist": "target_dct",
+                  "permuted_mnist": "target_subspaces", "rotated_mnist": "target_subspaces"}
 LOOPS = ("fast", "template")
 RESULT_FILE = "result.json"
 RUN_FILE = "run.json"
@@ -383,10 +387,11 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     Avalanche benchmark object. ``methods``: ``growmem``, ``growmem:<preset>`` and baseline
     names (default: growmem (+ its decay and window variants on the drifting stream), naive,
     replay_1000). ``seeds``: one run per seed and method. ``budget_bytes``: caps growmem's
-    memory (int or a size such as ``"15.7MB"``, binary units as ``growmem train --ram-budget``);
+    memory (int or a size such as ``"15.7MB"``: 1 MB = 10^6 B, 1 MiB = 2^20 B, as ``growmem train --ram-budget``);
     every method's peak bytes are checked against it (``within_budget``). ``online``: one pass
     over each experience for every method. ``checkpoint_dir`` / ``resume``: see the module
-    docstring. ``growmem``: the growmem config or preset name (default ``continual_growmem``).
+    docstring. ``growmem``: the growmem config or preset name (default: ``STREAM_PRESETS`` for the
+    stream, else ``continual_growmem``).
     ``stream_options``: ``make_stream`` options (``n_experiences``, ``train_limit``, ...).
     ``epochs``: epochs per experience, for every method (int) or per method (dict); default:
     growmem's preset (1), baselines 2 on Split-MNIST and 1 elsewhere. ``growmem_loop``:
@@ -409,7 +414,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
         raise unknown("stream", stream, STREAMS)
     stream_name = stream if isinstance(stream, str) else "user"
     base = growmem if isinstance(growmem, GrowmemConfig) else GrowmemConfig(preset=growmem) if growmem \
-        else GrowmemConfig()
+        else GrowmemConfig(preset=STREAM_PRESETS.get(stream_name, DEFAULT_PRESET))
     methods = check_methods(methods if methods is not None else default_methods(stream_name), base)
     if isinstance(epochs, dict):
         bad = set(epochs) - set(methods)

@@ -1,0 +1,409 @@
+"""Target memories: the Nadaraya–Watson estimator as a growing memory.
+
+A :class:`TargetMemory` stores one row per training sample it admits — ``w = 1``, ``k`` its
+key, ``ṽ = y`` its *target* (one-hot for a class), ``born`` the step — and answers a query by
+the Gaussian Nadaraya–Watson kernel (:data:`growmem.kernels.NADARAYA_WATSON`) over every row:
+
+    ŷ(x) = Σ_i e^{−δ(x, i)/(2T√d)} ṽ_i / Σ_i e^{−δ(x, i)/(2T√d)}                    (NW-1)
+
+with ``δ`` the squared distance of the key space (:mod:`growmem.keyspaces`, (KS-1)). Unlike the
+error-driven rules (Algs. 2–5: ``ṽ = −βg`` against the current prediction), a row's value does
+not depend on the rows stored before it, so a later class cannot overwrite an earlier one: the
+memory of a class-incremental stream holds the same rows as that of the shuffled stream, and
+answers the same — which is what a continual learner needs.
+
+**The bandwidth T is learned** online, test-then-train: before a batch is stored, its samples are
+answered by the memory without them (the leave-one-out / prequential loss of the test-time
+regression view, ``../shared/reference/004``), and ``log T`` takes one clipped SGD step on the
+cross-entropy ``−log ŷ_y`` (classification) or the squared error (regression). The gradient
+flows through the kernel's custom VJP (``∂/∂T`` of every chunk's partial sums).
+
+**Budgets.** With ``budget_bytes`` the memory counts its rows at their stored dtype (w float32,
+k and ṽ in ``row_dtype``, born int32), its key space and its T; when a batch takes it over the
+budget it evicts rows from the largest (regime, class) group until it fits:
+
+* ``redundant`` — among ``candidates ×`` as many random rows of the group as must go, those
+  best explained by the others: the largest leave-one-out margin ``ŷ_{−i}[y_i] − max_{c≠y_i}
+  ŷ_{−i}[c]`` (computed exactly from the row's regime partial minus its own term);
+* ``random`` — uniformly within the group (class-balanced reservoir-like);
+* ``oldest`` — the oldest rows of the group.
+
+Nothing non-finite enters: a candidate row whose key or target is not finite is dropped and
+counted (``dropped``).
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import kernels
+from . import memory as memlib
+from .keyspaces import KeySpace
+
+NW = kernels.NADARAYA_WATSON
+EVICTIONS = ("redundant", "random", "oldest")
+#: a floor on ŷ_y in the cross-entropy of the bandwidth update
+_P_FLOOR = 1e-12
+
+
+def _regime_partial(log_t, mem, z, r, chunk):
+    """The partial of one regime's rows for queries ``z`` with offsets ``r`` (KS-1): the kernel's
+    ``(m, num, den)`` with ``m`` moved by ``−α r`` (``e^{−α(r + ‖z − k‖²)} = e^{−α r} e^{−α‖z − k‖²}``)."""
+    t = jnp.exp(log_t)
+    p = kernels.reduce(NW, z, mem.k, mem.v, mem.w, temperature=t, size=mem.size, chunk=chunk, row_grads=False)
+    return kernels.Partial(p.m - NW.alpha(t, z.shape[1]) * r, p.num, p.den)
+
+
+# One compiled function per regime shape (capacities come from a short ladder, shared by every
+# regime), not per tuple of regimes: the bandwidth gradient is assembled from per-regime VJPs.
+_partial_jit = jax.jit(_regime_partial, static_argnames=("chunk",))
+
+
+@partial(jax.jit, static_argnames=("chunk",))
+def _partial_vjp(log_t, mem, z, r, ct, *, chunk):
+    """``⟨ct, ∂(regime partial)/∂log T⟩``."""
+    _, pull = jax.vjp(lambda lt: _regime_partial(lt, mem, z, r, chunk), log_t)
+    return pull(ct)[0]
+
+
+def _merge_all(parts):
+    acc = parts[0]
+    for p in parts[1:]:
+        acc = kernels.merge(acc, p)
+    return acc
+
+
+@jax.jit
+def _finish(parts):
+    return NW.finish(_merge_all(parts))
+
+
+def _loss_of(parts, y, classify):
+    yhat = NW.finish(_merge_all(parts))
+    if classify:
+        py = jnp.sum(yhat * y, axis=1)
+        return jnp.mean(-jnp.log(jnp.maximum(py, _P_FLOOR)))
+    return 0.5 * jnp.mean(jnp.sum((yhat - y) ** 2, axis=1))
+
+
+_loss_and_cotangents = jax.jit(jax.value_and_grad(_loss_of), static_argnames=("classify",))
+
+
+@partial(jax.jit, static_argnames=("project",))
+def _project(kparams, u, *, project):
+    return project(kparams, u)
+
+
+def regime_partials(log_t, mems, kparams, u, project, chunk):
+    """Every regime's partial (a list of :class:`growmem.kernels.Partial`) for prepared inputs ``u``."""
+    zs, r = _project(kparams, u, project=project)
+    return [_partial_jit(log_t, mem, zs[j], r[:, j], chunk=chunk) for j, mem in enumerate(mems)], zs, r
+
+
+def loss_and_grad(log_t, mems, kparams, u, y, *, classify, project, chunk):
+    """The prequential loss of (NW-1) on ``(u, y)`` and its derivative with respect to ``log T``."""
+    parts, zs, r = regime_partials(log_t, mems, kparams, u, project, chunk)
+    loss, cts = _loss_and_cotangents(parts, y, classify=classify)
+    g = sum(_partial_vjp(log_t, mem, zs[j], r[:, j], cts[j], chunk=chunk) for j, mem in enumerate(mems))
+    return loss, g
+
+
+@partial(jax.jit, static_argnames=("chunk",))
+def _loo_margins(log_t, mem, rows, labels, *, chunk):
+    """Leave-one-out margins of rows ``rows`` of ``mem`` (their own term taken out of (NW-1))."""
+    t = jnp.exp(log_t)
+    q = mem.k[rows].astype(jnp.float32)
+    p = kernels.reduce(NW, q, mem.k, mem.v, mem.w, temperature=t, size=mem.size, chunk=chunk, row_grads=False)
+    alpha = NW.alpha(t, q.shape[1])
+    k = mem.k[rows].astype(jnp.float32)
+    q2 = jnp.sum(q * q, axis=1)
+    self_s = -alpha * jnp.maximum(q2 + jnp.sum(k * k, axis=1) - 2.0 * jnp.sum(q * k, axis=1), 0.0)
+    e = jnp.exp(self_s - p.m) * mem.w[rows]
+    num = p.num - e[:, None] * mem.v[rows].astype(jnp.float32)
+    den = p.den - e
+    yhat = jnp.where(den[:, None] > 0, num / jnp.where(den > 0, den, 1.0)[:, None], 0.0)
+    py = jnp.take_along_axis(yhat, labels[:, None], axis=1)[:, 0]
+    other = jnp.max(jnp.where(jax.nn.one_hot(labels, yhat.shape[1], dtype=bool), -jnp.inf, yhat), axis=1)
+    return py - other
+
+
+#: capacities grow along one ladder (×1.25, whole 256-row quanta) shared by every regime, so the
+#: compiled functions see few shapes and allocated rows stay within 25 % of the rows in use
+LADDER_GROWTH = 1.25
+
+
+def ladder(n: int) -> int:
+    """The smallest capacity of the ladder holding ``n`` rows."""
+    c = memlib.ROW_QUANTUM
+    while c < n:
+        c = memlib.round_capacity(int(c * LADDER_GROWTH) + 1)
+    return c
+
+
+@jax.jit
+def _append(mem, k, v, born, mask):
+    return memlib.append(mem, jnp.ones(k.shape[:1], mem.w.dtype), k, v, born, mask)
+
+
+@jax.jit
+def _select(mem, keep):
+    return memlib.select(mem, keep)
+
+
+class TargetMemory:
+    """A Nadaraya–Watson memory of targets over a key space (module docstring).
+
+    ``keys``: a :class:`growmem.keyspaces.KeySpace`; ``d_out``: target width (classes);
+    ``temperature``: the initial T of (NW-1); ``learn_temperature``, ``lr``, ``clip``: the
+    prequential SGD step on ``log T``; ``row_dtype``: ``bfloat16`` | ``float32`` keys and
+    targets; ``budget_bytes``, ``evict``, ``candidates``: see the module docstring;
+    ``classify``: targets are class ids (one-hot ṽ, cross-entropy for T) — else float vectors.
+    """
+
+    def __init__(self, keys: KeySpace, d_out: int, *, temperature: float, learn_temperature: bool = True,
+                 lr: float = 0.05, clip: float = 1.0, row_dtype: str = "bfloat16",
+                 budget_bytes: Optional[int] = None, evict: str = "redundant", candidates: int = 8,
+                 classify: bool = True, seed: int = 0, chunk: int = kernels.DEFAULT_CHUNK):
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        if not (math.isfinite(lr) and lr >= 0) or not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"lr must be finite and >= 0 and clip finite and > 0, got lr={lr}, clip={clip}")
+        if evict not in EVICTIONS:
+            raise ValueError(f"unknown eviction {evict!r}; choose one of {EVICTIONS}")
+        if d_out < 1:
+            raise ValueError(f"d_out must be >= 1, got {d_out}")
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        self.keys = keys
+        self.d_out = int(d_out)
+        self.row_dtype = memlib.row_dtype(row_dtype)
+        if budget_bytes is not None:
+            need = keys.reserved_bytes() + 8 + self.row_bytes
+            if budget_bytes < need:
+                raise ValueError(f"a memory budget of {int(budget_bytes)} B cannot hold the key space's state "
+                                 f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus one row "
+                                 f"({self.row_bytes} B); raise the budget to at least {need} B")
+        self.log_t = float(math.log(temperature))
+        self.learn_temperature = bool(learn_temperature)
+        self.lr, self.clip = float(lr), float(clip)
+        self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
+        self.evict, self.candidates = evict, max(1, int(candidates))
+        self.classify = bool(classify)
+        self.chunk = int(chunk)
+        self.rng = np.random.default_rng(seed)
+        self.mems: List[memlib.Memory] = []
+        self.labels: List[np.ndarray] = []          # host copy of each row's class (argmax ṽ), for eviction groups
+        self.step_count = 0
+        self.counts = {"seen": 0, "stored": 0, "evicted": 0, "dropped": 0}
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def temperature(self) -> float:
+        return float(math.exp(self.log_t))
+
+    @property
+    def row_bytes(self) -> int:
+        return memlib.row_bytes(self.keys.key_dim, self.d_out, self.row_dtype)
+
+    def rows_in_use(self) -> int:
+        return int(sum(len(lab) for lab in self.labels))
+
+    def rows_per_regime(self) -> List[int]:
+        return [len(lab) for lab in self.labels]
+
+    def nbytes(self) -> Dict[str, int]:
+        """Bytes counted against a budget: rows in use at their stored dtypes, the key space's state,
+        T and the step counter; ``allocated`` counts rows by capacity."""
+        rows = self.rows_in_use() * self.row_bytes
+        alloc = sum(m.capacity for m in self.mems) * self.row_bytes
+        other = self.keys.nbytes() + 8
+        return {"rows_in_use": self.rows_in_use(), "rows_in_use_bytes": rows, "rows_allocated_bytes": alloc,
+                "key_space_bytes": self.keys.nbytes(), "other_bytes": 8, "bytes_in_use": rows + other,
+                "bytes_allocated": alloc + other}
+
+    # ------------------------------------------------------------------ inputs
+    def _targets(self, y, n: int) -> np.ndarray:
+        y = np.asarray(y)
+        if self.classify:
+            y = y.reshape(-1)
+            if len(y) != n:
+                raise ValueError(f"got {len(y)} labels for {n} inputs")
+            if not np.issubdtype(y.dtype, np.integer):
+                if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+                    raise ValueError("class labels must be integers")
+                y = y.astype(np.int64)
+            if len(y) and (y.min() < 0 or y.max() >= self.d_out):
+                raise ValueError(f"label {int(y.min() if y.min() < 0 else y.max())} is outside the memory's "
+                                 f"{self.d_out} classes")
+            return np.eye(self.d_out, dtype=np.float32)[y]
+        y = np.asarray(y, np.float32).reshape(n, -1)
+        if y.shape[1] != self.d_out:
+            raise ValueError(f"targets have {y.shape[1]} values per sample, the memory holds {self.d_out}")
+        return y
+
+    def _kparams(self):
+        return self.keys.params()
+
+    # ------------------------------------------------------------------ answer
+    def predict(self, x, batch_size: int = 1024) -> np.ndarray:
+        """``ŷ:(B, d_out)`` of (NW-1) (zeros while the memory is empty)."""
+        x = np.asarray(x, np.float32)
+        out = np.zeros((len(x), self.d_out), np.float32)
+        if not self.mems:
+            return out
+        mems = tuple(self.mems)
+        kp = self._kparams()
+        for a in range(0, len(x), batch_size):
+            u = self.keys.prepare(x[a:a + batch_size])
+            parts, _, _ = regime_partials(jnp.float32(self.log_t), mems, kp, u, self.keys.project, self.chunk)
+            out[a:a + batch_size] = np.asarray(_finish(parts))
+        return out
+
+    # ------------------------------------------------------------------ learn
+    def observe(self, x, y) -> dict:
+        """Test-then-train on one batch: a step on ``log T`` with the batch answered by the rows stored
+        so far, then the batch stored (through the key space's routing) and the budget enforced."""
+        x = np.asarray(x, np.float32)
+        if x.ndim != 2:
+            raise ValueError(f"inputs must be (B, features), got shape {x.shape}")
+        yv = self._targets(y, len(x))
+        u = self.keys.prepare(x)
+        loss = float("nan")
+        if self.mems and self.learn_temperature and self.lr > 0:
+            lv, g = loss_and_grad(jnp.float32(self.log_t), self.mems, self._kparams(), u, jnp.asarray(yv),
+                                  classify=self.classify, project=self.keys.project, chunk=self.chunk)
+            loss, g = float(lv), float(g)
+            if math.isfinite(g):
+                self.log_t -= self.lr * max(-self.clip, min(self.clip, g))
+        stored = 0
+        for j, uj, yj in self.keys.route(np.asarray(u), yv):
+            stored += self._store(j, uj, yj)
+        self.counts["seen"] += len(x)
+        evicted = self._enforce_budget()
+        self.step_count += 1
+        return {"loss": loss, "stored": stored, "evicted": evicted, "temperature": self.temperature}
+
+    def _regime(self, j: int) -> memlib.Memory:
+        while len(self.mems) <= j:
+            self.mems.append(memlib.empty(self.keys.key_dim, self.d_out, memlib.ROW_QUANTUM,
+                                          row_dtype=self.row_dtype))
+            self.labels.append(np.zeros(0, np.int16))
+        return self.mems[j]
+
+    def _budget_rows(self) -> Optional[int]:
+        if self.budget_bytes is None:
+            return None
+        return max(0, (self.budget_bytes - self.keys.nbytes() - 8) // self.row_bytes)
+
+    def _store(self, j: int, u, y) -> int:
+        mem = self._regime(j)
+        k = _project(self._kparams(), jnp.asarray(u), project=self.keys.project)[0][j]
+        ok = np.all(np.isfinite(np.asarray(k)), axis=1) & np.all(np.isfinite(y), axis=1)
+        self.counts["dropped"] += int((~ok).sum())
+        n = int(ok.sum())
+        if n == 0:
+            return 0
+        size = len(self.labels[j])
+        if size + len(y) > mem.capacity:
+            mem = memlib.with_capacity(mem, ladder(size + len(y)))
+        mem = _append(mem, k, jnp.asarray(y), jnp.int32(self.step_count), jnp.asarray(ok))
+        self.mems[j] = mem
+        lab = np.argmax(y[ok], axis=1).astype(np.int16) if self.classify else np.zeros(n, np.int16)
+        self.labels[j] = np.concatenate([self.labels[j], lab])
+        self.counts["stored"] += n
+        return n
+
+    def _enforce_budget(self) -> int:
+        cap = self._budget_rows()
+        if cap is None:
+            return 0
+        excess = self.rows_in_use() - cap
+        if excess <= 0:
+            return 0
+        drop = [np.zeros(len(lab), bool) for lab in self.labels]
+        left = excess
+        while left > 0:
+            # the largest (regime, class) group among the rows not yet marked
+            best, best_n = None, 0
+            for j, lab in enumerate(self.labels):
+                counts = np.bincount(lab[~drop[j]], minlength=self.d_out)
+                c = int(np.argmax(counts))
+                if counts[c] > best_n:
+                    best, best_n = (j, c), int(counts[c])
+            if best is None:
+                break
+            j, c = best
+            idx = np.flatnonzero((self.labels[j] == c) & ~drop[j])
+            n = min(left, max(1, len(idx) // 50))
+            drop[j][self._victims(j, c, idx, n)] = True
+            left -= n
+        total = 0
+        for j, d in enumerate(drop):
+            if d.any():
+                keep = np.zeros(self.mems[j].capacity, bool)
+                keep[:len(d)] = ~d
+                mem = _select(self.mems[j], jnp.asarray(keep))
+                self.labels[j] = self.labels[j][~d]
+                fit = ladder(len(self.labels[j]))
+                if mem.capacity > ladder(int(fit * LADDER_GROWTH) + 1):   # two rungs too big: give room back
+                    mem = memlib.with_capacity(mem, fit)
+                self.mems[j] = mem
+                total += int(d.sum())
+        self.counts["evicted"] += total
+        return total
+
+    def _victims(self, j: int, c: int, idx: np.ndarray, n: int) -> np.ndarray:
+        if self.evict == "oldest":
+            born = np.asarray(self.mems[j].born)[idx]
+            return idx[np.argsort(born, kind="stable")[:n]]
+        if self.evict == "random" or not self.classify:
+            return self.rng.choice(idx, n, replace=False)
+        cand = self.rng.choice(idx, min(len(idx), self.candidates * n), replace=False)
+        # pad to a power of two (repeating the first candidate) so that few shapes are compiled
+        padded = np.resize(cand, max(64, 1 << int(len(cand) - 1).bit_length()))
+        padded[len(cand):] = cand[0]
+        margin = np.asarray(_loo_margins(jnp.float32(self.log_t), self.mems[j], jnp.asarray(padded, jnp.int32),
+                                         jnp.full((len(padded),), c, jnp.int32), chunk=self.chunk))[:len(cand)]
+        return cand[np.argsort(-margin, kind="stable")[:n]]
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> Dict[str, np.ndarray]:
+        """Everything needed to resume exactly, as numpy arrays (rows at their stored dtypes)."""
+        st = {"log_t": np.asarray(self.log_t, np.float64), "step": np.asarray(self.step_count, np.int64),
+              "counts": np.asarray([self.counts[k] for k in ("seen", "stored", "evicted", "dropped")], np.int64),
+              "n_regimes": np.asarray(len(self.mems), np.int64),
+              "rng": np.frombuffer(repr(self.rng.bit_generator.state).encode(), np.uint8)}
+        for j, mem in enumerate(self.mems):
+            rows = mem.rows()
+            for f in memlib.FIELDS:
+                st[f"r{j}_{f}"] = np.asarray(rows[f])
+            st[f"r{j}_labels"] = self.labels[j]
+        for name, a in self.keys.state().items():
+            st[f"keys_{name}"] = np.asarray(a)
+        return st
+
+    def load_state(self, st: Dict[str, np.ndarray]) -> None:
+        import ast
+
+        self.log_t = float(st["log_t"])
+        self.step_count = int(st["step"])
+        self.counts = dict(zip(("seen", "stored", "evicted", "dropped"), (int(c) for c in st["counts"])))
+        self.rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(st["rng"], np.uint8)).decode())
+        self.keys.load_state({k[len("keys_"):]: v for k, v in st.items() if k.startswith("keys_")})
+        self.mems, self.labels = [], []
+        for j in range(int(st["n_regimes"])):
+            rows = {f: st[f"r{j}_{f}"] for f in memlib.FIELDS}
+            mem = memlib.from_rows(rows["w"], rows["k"], rows["v"], rows["born"], row_dtype=self.row_dtype)
+            self.mems.append(mem)
+            self.labels.append(np.asarray(st[f"r{j}_labels"], np.int16))
+
+    def describe(self) -> dict:
+        return {"kernel": NW.name, "keys": self.keys.describe(), "temperature": self.temperature,
+                "learn_temperature": self.learn_temperature, "lr": self.lr, "row_dtype": self.row_dtype.name,
+                "row_bytes": self.row_bytes, "budget_bytes": self.budget_bytes, "evict": self.evict,
+                "rows_per_regime": self.rows_per_regime(), **self.counts}
