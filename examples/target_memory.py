@@ -38,5 +38,6 @@ for name, order in (("class-incremental", class_incremental), ("shuffled", shuff
     print(f"{name:18s} accuracy {acc:.3f}  rows {mem.rows_in_use()}  T {mem.temperature:.3f}  "
           f"bytes {mem.nbytes()['bytes_in_use']}")
 acc, mem = run(class_incremental, budget_bytes=40_000)
+b = mem.nbytes()
 print(f"{'40 kB budget':18s} accuracy {acc:.3f}  rows {mem.rows_in_use()}  evicted {mem.counts['evicted']}  "
-      f"bytes {mem.nbytes()['bytes_in_use']}")
+      f"bytes {b['bytes_in_use']} (allocated {b['bytes_allocated']})")

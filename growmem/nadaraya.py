@@ -19,8 +19,10 @@ cross-entropy ``−log ŷ_y`` (classification) or the squared error (regression)
 flows through the kernel's custom VJP (``∂/∂T`` of every chunk's partial sums).
 
 **Budgets.** With ``budget_bytes`` the memory counts its rows at their stored dtype (w float32,
-k and ṽ in ``row_dtype``, born int32), its key space and its T; when a batch takes it over the
-budget it evicts rows from the largest (regime, class) group until it fits:
+k and ṽ in ``row_dtype``, born int32), its key space and its T, and keeps them within the budget
+*as allocated*: each regime's capacity is the rung of a ×1.125 ladder just above its rows, so
+the rows in use are held to ``(budget rows − 256 · regimes) / 1.125``. When a batch takes it
+past that, it evicts rows from the largest (regime, class) group until it fits:
 
 * ``redundant`` — among ``candidates ×`` as many random rows of the group as must go, those
   best explained by the others: the largest leave-one-out margin ``ŷ_{−i}[y_i] − max_{c≠y_i}
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -60,15 +62,8 @@ def _regime_partial(log_t, mem, z, r, chunk):
 
 
 # One compiled function per regime shape (capacities come from a short ladder, shared by every
-# regime), not per tuple of regimes: the bandwidth gradient is assembled from per-regime VJPs.
+# regime), not per tuple of regimes.
 _partial_jit = jax.jit(_regime_partial, static_argnames=("chunk",))
-
-
-@partial(jax.jit, static_argnames=("chunk",))
-def _partial_vjp(log_t, mem, z, r, ct, *, chunk):
-    """``⟨ct, ∂(regime partial)/∂log T⟩``."""
-    _, pull = jax.vjp(lambda lt: _regime_partial(lt, mem, z, r, chunk), log_t)
-    return pull(ct)[0]
 
 
 def _merge_all(parts):
@@ -83,15 +78,69 @@ def _finish(parts):
     return NW.finish(_merge_all(parts))
 
 
-def _loss_of(parts, y, classify):
-    yhat = NW.finish(_merge_all(parts))
+class Moments(NamedTuple):
+    """A regime's partial sums of (NW-1) and their derivatives in ``log T``: with scores
+    ``s_i = −α(r + ‖z − k_i‖²)``, ``α = 1/(2T√d)``, ``∂s_i/∂log T = −s_i``, so
+    ``∂num/∂log T = −Σ e^{s_i − m} s_i ṽ_i`` and ``∂den/∂log T = −Σ e^{s_i − m} s_i`` (one pass over
+    the rows gives the loss and its gradient)."""
+
+    m: jax.Array
+    num: jax.Array
+    den: jax.Array
+    num_s: jax.Array
+    den_s: jax.Array
+
+
+def _regime_moments(log_t, mem, z, r, chunk):
+    t = jnp.exp(log_t)
+    alpha = NW.alpha(t, z.shape[1])
+    b = z.shape[0]
+    z2 = jnp.sum(z * z, axis=1)
+    init = Moments(jnp.full((b,), -jnp.inf), jnp.zeros((b, mem.v.shape[1])), jnp.zeros((b,)),
+                   jnp.zeros((b, mem.v.shape[1])), jnp.zeros((b,)))
+
+    def body(c, rows, valid):
+        k, v, w = (a.astype(jnp.float32) for a in rows)
+        s = NW.scores(z, z2, k, alpha) - alpha * r[:, None]
+        s = jnp.where(valid[None, :], s, -jnp.inf)
+        m = jnp.maximum(c.m, jnp.max(s, axis=1))
+        scale = jnp.exp(jnp.where(jnp.isfinite(m), c.m - m, 0.0))
+        e = jnp.where(valid[None, :], jnp.exp(s - m[:, None]), 0.0) * w[None, :]
+        es = e * jnp.where(valid[None, :], s, 0.0)
+        return Moments(m, c.num * scale[:, None] + e @ v, c.den * scale + e.sum(1),
+                       c.num_s * scale[:, None] + es @ v, c.den_s * scale + es.sum(1))
+
+    ch = kernels.chunk_rows(chunk, mem.k, mem.v)
+    return kernels.scan_rows(body, init, (mem.k, mem.v, mem.w), size=mem.size, chunk=ch)
+
+
+_moments_jit = jax.jit(_regime_moments, static_argnames=("chunk",))
+
+
+@partial(jax.jit, static_argnames=("classify",))
+def _loss_and_grad_from(parts, y, classify):
+    """Merge the regimes' moments and return ``(loss, ∂loss/∂log T)`` (CE on ŷ_y, or squared error)."""
+    m = parts[0].m
+    for p in parts[1:]:
+        m = jnp.maximum(m, p.m)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    num = sum(p.num * jnp.exp(p.m - m)[:, None] for p in parts)
+    den = sum(p.den * jnp.exp(p.m - m) for p in parts)
+    num_s = sum(p.num_s * jnp.exp(p.m - m)[:, None] for p in parts)
+    den_s = sum(p.den_s * jnp.exp(p.m - m) for p in parts)
+    ok = den > 0
+    den1 = jnp.where(ok, den, 1.0)
+    yhat = jnp.where(ok[:, None], num / den1[:, None], 0.0)
+    dyhat = jnp.where(ok[:, None], (-num_s + yhat * den_s[:, None]) / den1[:, None], 0.0)   # ∂ŷ/∂log T
     if classify:
         py = jnp.sum(yhat * y, axis=1)
-        return jnp.mean(-jnp.log(jnp.maximum(py, _P_FLOOR)))
-    return 0.5 * jnp.mean(jnp.sum((yhat - y) ** 2, axis=1))
-
-
-_loss_and_cotangents = jax.jit(jax.value_and_grad(_loss_of), static_argnames=("classify",))
+        dpy = jnp.sum(dyhat * y, axis=1)
+        live = py > _P_FLOOR
+        loss = jnp.mean(-jnp.log(jnp.maximum(py, _P_FLOOR)))
+        grad = jnp.mean(jnp.where(live, -dpy / jnp.where(live, py, 1.0), 0.0))
+        return loss, grad
+    err = yhat - y
+    return 0.5 * jnp.mean(jnp.sum(err * err, axis=1)), jnp.mean(jnp.sum(err * dyhat, axis=1))
 
 
 @partial(jax.jit, static_argnames=("project",))
@@ -106,11 +155,11 @@ def regime_partials(log_t, mems, kparams, u, project, chunk):
 
 
 def loss_and_grad(log_t, mems, kparams, u, y, *, classify, project, chunk):
-    """The prequential loss of (NW-1) on ``(u, y)`` and its derivative with respect to ``log T``."""
-    parts, zs, r = regime_partials(log_t, mems, kparams, u, project, chunk)
-    loss, cts = _loss_and_cotangents(parts, y, classify=classify)
-    g = sum(_partial_vjp(log_t, mem, zs[j], r[:, j], cts[j], chunk=chunk) for j, mem in enumerate(mems))
-    return loss, g
+    """The prequential loss of (NW-1) on ``(u, y)`` and its derivative with respect to ``log T``
+    (one pass over every regime's rows: :class:`Moments`)."""
+    zs, r = _project(kparams, u, project=project)
+    parts = [_moments_jit(log_t, mem, zs[j], r[:, j], chunk=chunk) for j, mem in enumerate(mems)]
+    return _loss_and_grad_from(parts, y, classify=classify)
 
 
 @partial(jax.jit, static_argnames=("chunk",))
@@ -132,9 +181,10 @@ def _loo_margins(log_t, mem, rows, labels, *, chunk):
     return py - other
 
 
-#: capacities grow along one ladder (×1.25, whole 256-row quanta) shared by every regime, so the
-#: compiled functions see few shapes and allocated rows stay within 25 % of the rows in use
-LADDER_GROWTH = 1.25
+#: capacities follow one ladder (×1.125, whole 256-row quanta) shared by every regime, so the
+#: compiled functions see few shapes; a regime's capacity is the rung of its rows (at most
+#: 12.5 % + one quantum more), which lets a budget bound the rows as allocated, not only in use
+LADDER_GROWTH = 1.125
 
 
 def ladder(n: int) -> int:
@@ -183,11 +233,12 @@ class TargetMemory:
         self.d_out = int(d_out)
         self.row_dtype = memlib.row_dtype(row_dtype)
         if budget_bytes is not None:
-            need = keys.reserved_bytes() + 8 + self.row_bytes
+            need = keys.reserved_bytes() + 8 + 2 * memlib.ROW_QUANTUM * self.row_bytes
             if budget_bytes < need:
                 raise ValueError(f"a memory budget of {int(budget_bytes)} B cannot hold the key space's state "
-                                 f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus one row "
-                                 f"({self.row_bytes} B); raise the budget to at least {need} B")
+                                 f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus "
+                                 f"{2 * memlib.ROW_QUANTUM} rows ({self.row_bytes} B each); raise the budget to at "
+                                 f"least {need} B")
         self.log_t = float(math.log(temperature))
         self.learn_temperature = bool(learn_temperature)
         self.lr, self.clip = float(lr), float(clip)
@@ -296,9 +347,14 @@ class TargetMemory:
         return self.mems[j]
 
     def _budget_rows(self) -> Optional[int]:
+        """Rows that may be in use so that the rows as allocated fit the budget: every regime's
+        capacity is at most ``g·size + quantum`` (:func:`ladder`), so ``Σ size ≤ (R_b − quantum·n)/g``
+        with ``R_b`` the rows the budget holds beside the key space and ``n`` the regimes."""
         if self.budget_bytes is None:
             return None
-        return max(0, (self.budget_bytes - self.keys.nbytes() - 8) // self.row_bytes)
+        rows = (self.budget_bytes - self.keys.nbytes() - 8) // self.row_bytes
+        n = max(1, len(self.mems), self.keys.n_regimes)
+        return max(0, int((rows - memlib.ROW_QUANTUM * n) / LADDER_GROWTH))
 
     def _store(self, j: int, u, y) -> int:
         mem = self._regime(j)
@@ -349,11 +405,12 @@ class TargetMemory:
                 keep[:len(d)] = ~d
                 mem = _select(self.mems[j], jnp.asarray(keep))
                 self.labels[j] = self.labels[j][~d]
-                fit = ladder(len(self.labels[j]))
-                if mem.capacity > ladder(int(fit * LADDER_GROWTH) + 1):   # two rungs too big: give room back
-                    mem = memlib.with_capacity(mem, fit)
                 self.mems[j] = mem
                 total += int(d.sum())
+        for j, mem in enumerate(self.mems):       # give back room past each regime's rung
+            fit = ladder(len(self.labels[j]))
+            if mem.capacity > fit:
+                self.mems[j] = memlib.with_capacity(mem, fit)
         self.counts["evicted"] += total
         return total
 

@@ -148,27 +148,37 @@ def test_leave_one_out_margins_equal_a_brute_force_recomputation():
 
 
 @pytest.mark.parametrize("evict", nadaraya.EVICTIONS)
-def test_a_budget_bounds_the_bytes_counted_independently_and_evicts_from_the_largest_class(evict):
+def test_a_budget_bounds_the_bytes_in_use_and_allocated_and_evicts_from_the_largest_class(evict):
     rng = np.random.default_rng(7)
     d, n_cls = 8, 4
     per_row = 4 + 2 * (d + n_cls) + 4                           # w f32, k and ṽ bf16, born i32
     assert row_bytes(d, n_cls, jnp.bfloat16) == per_row
-    budget = 100 * per_row + 8
+    budget = 1200 * per_row + 8                                 # 1200 rows beside T and the step
+    in_use_cap = int((1200 - 256) / 1.125)                      # room for the ladder's slack: 839 rows
     m = nadaraya.TargetMemory(keyspaces.Identity(d), n_cls, temperature=0.1, budget_bytes=budget, evict=evict)
-    y = np.r_[np.zeros(120, int), rng.integers(1, 4, 40)]          # class 0 dominates
-    x = rng.normal(size=(160, d)).astype(np.float32)
-    for a in range(0, 160, 16):
-        m.observe(x[a:a + 16], y[a:a + 16])
+    y = np.r_[np.zeros(1000, int), rng.integers(1, 4, 300)]     # class 0 dominates
+    x = rng.normal(size=(1300, d)).astype(np.float32)
+    for a in range(0, 1300, 64):
+        m.observe(x[a:a + 64], y[a:a + 64])
         arrays = m.mems[0].rows()
-        counted = sum(a.nbytes for a in arrays.values()) + 8
-        assert counted == m.nbytes()["bytes_in_use"] <= budget
+        in_use = sum(a.nbytes for a in arrays.values()) + 8
+        allocated = sum(getattr(m.mems[0], f).nbytes for f in ("w", "k", "v", "born")) + 8
+        assert in_use == m.nbytes()["bytes_in_use"] <= budget
+        assert allocated == m.nbytes()["bytes_allocated"] <= budget
     lab = np.argmax(m.mems[0].rows()["v"].astype(np.float32), axis=1)
     np.testing.assert_array_equal(lab, m.labels[0])
-    assert m.rows_in_use() == 100 and m.counts["evicted"] == 60
-    assert np.bincount(lab, minlength=4)[1:].sum() == 40               # only the largest class lost rows
+    assert m.rows_in_use() == in_use_cap and m.counts["evicted"] == 1300 - in_use_cap
+    assert np.bincount(lab, minlength=4)[1:].sum() == 300               # only the largest class lost rows
     if evict == "oldest":
-        born = m.mems[0].rows()["born"][lab == 0]
-        assert born.min() >= 60 // 16 - 1
+        born = np.sort(m.mems[0].rows()["born"][lab == 0])
+        kept0 = len(born)                                           # class 0's newest rows are the ones kept
+        assert born[0] >= (1000 - kept0) // 64 - 1
+
+
+def test_a_budget_too_small_for_the_key_space_is_refused():
+    with pytest.raises(ValueError, match="cannot hold the key space's state"):
+        nadaraya.TargetMemory(keyspaces.Subspaces(784, dim=30, n_fit=1000), 10, temperature=1.0,
+                              budget_bytes=1_000_000)
 
 
 def test_non_finite_inputs_never_enter_the_memory():
@@ -295,10 +305,10 @@ def test_continual_learner_runs_a_target_preset_and_resumes_from_a_checkpoint_ex
     from growmem.continual import GrowmemConfig, GrowmemLearner
 
     rng = np.random.default_rng(12)
-    x = rng.uniform(0, 1, size=(192, 784)).astype(np.float32)
-    y = rng.integers(0, 10, 192)
+    x = rng.uniform(0, 1, size=(480, 784)).astype(np.float32)
+    y = rng.integers(0, 10, 480)
     make = lambda: GrowmemLearner(GrowmemConfig(preset="target_dct"), num_classes=10, input_size=784,  # noqa: E731
-                                  budget_bytes=120 * 228 + 1200, seed=1)
+                                  budget_bytes=700 * 228 + 1128, seed=1)   # 700 rows beside the DCT factor
     a = make()
     for i in range(0, 96, 32):
         a.step(x[i:i + 32], y[i:i + 32])
@@ -312,10 +322,11 @@ def test_continual_learner_runs_a_target_preset_and_resumes_from_a_checkpoint_ex
     b = make()
     with Checkpointer(tmp_path / "ck") as ck:
         b.restore(ck, config={"k": 1})
-    for i in range(96, 192, 32):
+    for i in range(96, 480, 32):
         a.step(x[i:i + 32], y[i:i + 32])
         b.step(x[i:i + 32], y[i:i + 32])
-    assert a.rows_in_use() == b.rows_in_use() == {"task0/regime0": 120}      # the budget evicted 72 rows
+    cap = int((700 - 256) / 1.125)                                        # the budget evicted 480 - 394 rows
+    assert a.rows_in_use() == b.rows_in_use() == {"task0/regime0": cap}
     np.testing.assert_array_equal(a.predict(x), b.predict(x))
     with pytest.raises(ValueError, match="target memory"):
         GrowmemConfig(preset="target_dct", max_rows=10).load()

@@ -185,8 +185,10 @@ def _bar(desc: str, total, initial: int, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
+    # on a terminal (or with GROWMEM_PROGRESS=1), as growmem.train.fit: a log gets the results, not bar frames
+    force = os.environ.get("GROWMEM_PROGRESS") == "1"
     return tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True, leave=False,
-                file=sys.stderr)
+                file=sys.stderr, disable=False if force else None)
 
 
 # ----------------------------------------------------------------------------- one run
