@@ -5,7 +5,10 @@ For several memory sizes, a ``TrainState`` holding one growing layer's memory
 ``growmem.checkpoint.Checkpointer`` (Orbax, atomic, with CRC32 of every
 array) and restored into a template state; the baseline writes and reads the
 same arrays (``w``, ``k``, ``v``, ``born`` of the rows in use) with ``np.save`` /
-``np.load``. Runs are interleaved (rotating order) and the median is kept.
+``np.load`` into a new folder per save, deleting the one from two saves before (the file
+lifecycle of a manager keeping 2 checkpoints: new files meet the kernel's dirty-page write-back
+throttling, files overwritten in place do not). Runs are interleaved (rotating order) and the
+median is kept.
 
 ``save_ratio_vs_numpy = t_save / t_numpy_save`` (1.0 = as fast as numpy; lower is
 better), ``restore_ratio_vs_numpy`` likewise, both at the largest size.
@@ -15,6 +18,7 @@ better), ``restore_ratio_vs_numpy`` likewise, both at the largest size.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -39,7 +43,7 @@ MB = 1 << 20
 
 PRESETS = {
     "smoke": dict(sizes=(4096, 16384), d_in=64, d_out=16, repeats=2),
-    "cpu": dict(sizes=(16_384, 65_536, 262_144, 524_288), d_in=256, d_out=16, repeats=3),
+    "cpu": dict(sizes=(16_384, 65_536, 262_144, 524_288), d_in=256, d_out=16, repeats=5),
     "paper": dict(sizes=(65_536, 262_144, 1_048_576, 2_097_152), d_in=256, d_out=16, repeats=3),
 }
 
@@ -72,12 +76,25 @@ def bench_size(n, cfg, work: Path, bar):
         r = ckpt.restore(template)
         jax.block_until_ready(r.state)
 
+    np_step = [0]
+
     def save_numpy():
+        # the same file lifecycle as a checkpoint manager keeping 2: a new folder per save, the one
+        # from two saves before deleted (overwriting one file in place would free its dirty pages
+        # and never meet the kernel's write-back throttling that new files meet)
+        np_step[0] += 1
+        d = np_dir / str(np_step[0])
+        d.mkdir()
         for f, a in arrays.items():
-            np.save(np_dir / f"{f}.npy", a)
+            with open(d / f"{f}.npy", "wb") as fh:
+                np.save(fh, a)
+                fh.flush()
+                os.fsync(fh.fileno())     # durable, as the checkpoint's arrays are
+        shutil.rmtree(np_dir / str(np_step[0] - 2), ignore_errors=True)
 
     def restore_numpy():
-        out = {f: np.load(np_dir / f"{f}.npy") for f in arrays}
+        d = np_dir / str(np_step[0])
+        out = {f: np.load(d / f"{f}.npy") for f in arrays}
         jax.block_until_ready({f: jnp.asarray(a) for f, a in out.items()})  # same end point: arrays on device
 
     times = _common.time_interleaved({"save_orbax": save_orbax, "save_numpy": save_numpy}, cfg["repeats"])

@@ -131,6 +131,8 @@ def main(argv=None):
     ap.add_argument("--policy", default=None, help="growmem preset for every stream (default: "
                     + ", ".join(f"{k}: {v}" for k, v in GROWMEM_PRESETS.items()) + ")")
     ap.add_argument("--no-extras", action="store_true", help="skip the budget curve and the shuffled-stream run")
+    ap.add_argument("--curve-streams", default=None,
+                    help="comma-separated streams that get the budget curve (default: every stream run)")
     ap.add_argument("--memory-budget", default=str(REPLAY_4400_BYTES),
                     help="growmem's memory budget in bytes or a size (default: Replay-4400's bytes, "
                          f"{REPLAY_4400_BYTES}); 'none' for no cap")
@@ -168,7 +170,8 @@ def main(argv=None):
         docs[stream] = run(stream, methods, seeds, budget, cfg["stream_options"][stream], "")
     summary = {s: stream_summary(d) for s, d in docs.items()}
     if "growmem" in methods and not args.no_extras:
-        for stream in streams:
+        curve_streams = _csv(args.curve_streams) if args.curve_streams is not None else streams
+        for stream in (s for s in streams if s in curve_streams):
             pts = []
             for b in cfg["curve"]:
                 d = run(stream, ["growmem"], seeds[:1], b, cfg["stream_options"][stream], f"_budget{b}")

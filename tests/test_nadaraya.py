@@ -205,16 +205,17 @@ def test_bad_inputs_are_refused_with_a_clear_error():
 
 def test_state_round_trip_answers_and_continues_identically():
     rng = np.random.default_rng(8)
-    x = rng.normal(size=(200, 10)).astype(np.float32)
-    y = rng.integers(0, 3, 200)
+    x = rng.normal(size=(480, 10)).astype(np.float32)
+    y = rng.integers(0, 3, 480)
     make = lambda: nadaraya.TargetMemory(keyspaces.Subspaces(10, dim=3, n_fit=20, rho=0.5), 3,  # noqa: E731
-                                         temperature=0.5, budget_bytes=4000, seed=3)
+                                         temperature=0.5, budget_bytes=12008, seed=3)  # the smallest budget
     a = make()
-    for i in range(0, 120, 16):
+    for i in range(0, 320, 16):
         a.observe(x[i:i + 16], y[i:i + 16])
+    assert a.counts["evicted"] > 0                     # the state carries an evicting memory
     b = make()
     b.load_state({k: np.array(v) for k, v in a.state().items()})
-    for i in range(120, 200, 16):
+    for i in range(320, 480, 16):
         a.observe(x[i:i + 16], y[i:i + 16])
         b.observe(x[i:i + 16], y[i:i + 16])
     np.testing.assert_array_equal(a.predict(x), b.predict(x))

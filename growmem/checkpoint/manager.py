@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import io
 import json
 import os
 import re
@@ -224,6 +225,15 @@ def _memory_entry(name: str, path: str, mem, be, bmeta: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the host-array handler
 
+def _fsync(f) -> None:
+    """Flush a written file to the disk (local files; remote paths have no descriptor)."""
+    try:
+        f.flush()
+        os.fsync(f.fileno())
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        pass
+
+
 def _handlers():
     """Orbax handler for the host arrays: one raw ``.npy`` per array (no chunking, no
     compression: rows barely compress), written by the primary process."""
@@ -238,6 +248,7 @@ def _handlers():
             for name, a in args.arrays.items():
                 with (directory / f"{name}.npy").open("wb") as f:
                     np.save(f, np.require(a, requirements="C"), allow_pickle=False)
+                    _fsync(f)          # durable before Orbax renames the step into place
 
         def restore(self, directory, args):
             directory = epath.Path(directory)
@@ -567,8 +578,15 @@ class Checkpointer:
                 raise ConfigMismatchError(f"{where} was written with a different config: " + "; ".join(diffs))
         template = _state_of(trainer) if trainer is not None else None
         plan = _plan(template, meta, stores or {}, where)
-        arrays = self.read_arrays(step, meta, plan.global_args, verify=verify)
-        state = plan.rebuild(arrays) if template is not None else None
+        arrays = self.read_arrays(step, meta, plan.global_args, verify=False)
+        # the checksums are computed while the state is rebuilt (zlib releases the GIL); nothing is
+        # installed or returned before they all match
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            checked = pool.submit(verify_arrays, arrays, meta, where) if verify else None
+            state = plan.rebuild(arrays) if template is not None else None
+            if checked is not None:
+                checked.result()
         if state is not None and _is_trainer(trainer):
             trainer.set_state(state) if hasattr(trainer, "set_state") else setattr(trainer, "state", state)
         restored_stores = {name: Store(plan.restore_memory(entry, tmpl, arrays), name)
