@@ -10,6 +10,7 @@
     growmem inspect DIR                         rows per layer, hot/cold, bytes, policy, step; checksums verified
     growmem export DIR --npz FILE               every layer's rows as plain numpy + a JSON description
     growmem continual ...                       growmem vs Avalanche's strategies on a continual stream
+    growmem repro NAME --preset smoke|cpu|paper  one of the paper's experiments (--list lists them)
 
 Every failure is one line on stderr naming the problem and the fix, with a non-zero exit code.
 """
@@ -304,6 +305,10 @@ def cmd_train(args) -> int:
             preset = load(args.policy)
         except ConfigError as e:
             raise UsageError(f"--policy: {e}")
+    if preset is not None and not hasattr(preset, "readout"):
+        raise UsageError(f"--policy {args.policy}: a target-memory preset ({type(preset).__name__}) has no "
+                         "growing network to train; run it with `growmem continual --policy "
+                         f"{args.policy}` or growmem.continual.GrowmemLearner")
     if args.batch_size is None:
         args.batch_size = preset.settings["batch_size"] if preset is not None else 64
     b = args.batch_size
@@ -546,6 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_storage(sub)
     from .continual.cli import add_parser as add_continual
     add_continual(sub)
+    from .repro.cli import add_parser as add_repro
+    add_repro(sub)
     return ap
 
 
@@ -592,4 +599,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m growmem.cli`: run the imported module's main, so that the subcommands' `from ..cli
+    # import UsageError` and this file's handlers name one class, not two
+    from growmem.cli import main as _main
+    sys.exit(_main())

@@ -1,0 +1,203 @@
+"""The training runs the reproductions are made of.
+
+* :func:`run_growing` — a growing network (a preset's :class:`~growmem.train.Trainer`) trained
+  with :func:`growmem.train.fit`, the one training loop (a NaN loss stops it with the step and
+  the last finite loss);
+* :func:`run_parametric` — a parametric Flax model (the residual MLP of Eq. 12, the parametric
+  softmax of F.5, a ViT) trained with any optimizer of :func:`growmem.optim.make` (Mesa and Delta
+  get each Dense layer's inputs through :func:`growmem.optim.dense_inputs`);
+* :func:`mlp_optimizer` — the optimizers of Tables 9, 10, 12 by name.
+
+Both loops report the same things: the test-accuracy curve against samples seen, the mean
+training loss of every epoch, the final test accuracy (and the training accuracy of every epoch
+when asked: Fig. 4), and the wall time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .. import optim
+from ..train import Trainer, cross_entropy, fit
+from .core import Context, Images, LossWatch, accuracy, batches_for
+
+
+def _curve_every(steps: int, points: int) -> int:
+    return max(1, steps // max(points, 1))
+
+
+def run_growing(ctx: Context, trainer: Trainer, data: Images, *, batch: int, epochs: int = 1, seed: int = 0,
+                curve_points: int = 12, curve_test: int = 2000, train_accuracy: bool = False,
+                train_eval: int = 2000, label: str = "", after_step: Optional[Callable[[int], None]] = None,
+                augment: bool = False) -> Dict:
+    """Train ``trainer`` for ``epochs`` passes over ``data`` (batches of ``batch``, reshuffled
+    every epoch). ``curve_points`` test accuracies on the first ``curve_test`` test images along
+    the way; the final one on the whole test set. ``train_accuracy``: also the accuracy on the
+    first ``train_eval`` training images at the end of every epoch. ``augment``: CIFAR epochs
+    augmented as in App. F.1.1."""
+    batches = batches_for(data, batch, seed=seed, augment=augment)
+    per_epoch = batches.per_epoch
+    steps = epochs * per_epoch
+    every = per_epoch if train_accuracy else _curve_every(steps, curve_points)
+    losses = []
+    xt, yt = data.xt[:curve_test], data.yt[:curve_test]
+
+    def on_step(step, metrics):
+        losses.append(metrics["loss"])
+        ctx.update(1)
+        if after_step is not None:
+            after_step(step)
+
+    def evaluate(step):
+        ev = {"test_accuracy": accuracy(trainer.predict, xt, yt)}
+        if train_accuracy:
+            ev["train_accuracy"] = accuracy(trainer.predict, data.x[:train_eval], data.y[:train_eval])
+        ctx.status(f"{label} {step}/{steps} acc {ev['test_accuracy']:.3f}")
+        return ev
+
+    t0 = time.perf_counter()
+    out = fit(trainer, batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every)
+    seconds = time.perf_counter() - t0
+    if out["stopped"]:   # a non-finite evaluation (fit stops; the state cannot recover)
+        from ..train import NonFiniteLossError
+        raise NonFiniteLossError(f"{label}: {out['stopped']}")
+    loss = np.asarray(jax.device_get(losses), np.float64)
+    final = accuracy(trainer.predict, data.xt, data.yt)
+    rows = trainer.rows_in_use()
+    return {"accuracy": final, "rows": rows, "total_rows": int(sum(rows.values())), "seconds": seconds,
+            "steps": steps, "samples": steps * batch,
+            "curve": [[e["step"] * batch, e["test_accuracy"]] for e in out["evals"]],
+            "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in out["evals"]]
+                            if train_accuracy else None),
+            "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+
+
+# ------------------------------------------------------------------------------------------ parametric
+
+def mlp_optimizer(name: str, hyper: dict, *, steps: int) -> optax.GradientTransformation:
+    """An optimizer of F.9 / Tables 9, 10, 12 from a sweep's hyperparameters.
+
+    ``lr`` is the learning rate; ``wd`` AdamW's weight decay; Mesa: ``lam`` (λ), ``gamma`` (γ),
+    ``ns_steps`` (k Newton–Schulz steps, or None for the exact inverse), Adam base with
+    momentum 0.85 (Table 9, our reading); Delta: ``lam`` (the decay rate λ of Eq. 122);
+    ``schedule="warmup_cosine"`` with ``warmup`` steps: Table 11's schedule."""
+    lr = hyper["lr"]
+    if hyper.get("schedule") == "warmup_cosine":
+        lr = optax.warmup_cosine_decay_schedule(0.0, hyper["lr"], max(1, hyper.get("warmup", 0)), max(steps, 2))
+    if name == "mesa":
+        inverse = "exact" if hyper.get("ns_steps") is None else "newton_schulz"
+        return optim.make("mesa", learning_rate=lr, lam=hyper.get("lam", 0.01), gamma=hyper.get("gamma", 0.99),
+                          inverse=inverse, ns_steps=hyper.get("ns_steps") or 10, base="adam",
+                          momentum=hyper.get("momentum", 0.85))
+    if name == "delta":
+        return optim.make("delta", learning_rate=lr, lam=hyper.get("lam", 0.0))
+    if name == "adamw":
+        return optim.make("adamw", learning_rate=lr, weight_decay=hyper.get("wd", 1e-4))
+    if name == "sgd" and hyper.get("wd"):
+        # multiplicative weight decay W <- (1 - ηβ) W (Fig. 7), decay aligned with the schedule
+        return optax.with_extra_args_support(optax.chain(optax.add_decayed_weights(hyper["wd"]), optax.sgd(lr)))
+    return optim.make(name, learning_rate=lr)
+
+
+def make_step(model, tx, loss_fn=cross_entropy, *, dropout: bool = False):
+    """A jitted ``step(params, opt_state, x, y, key) -> (params, opt_state, loss)`` passing every
+    Dense layer's inputs to ``tx`` (Mesa, Delta). ``dropout``: the model is called with
+    ``train=True`` and a ``"dropout"`` rng (:func:`growmem.optim.make_train_step` otherwise)."""
+    if not dropout:
+        inner = optim.make_train_step(model, loss_fn, tx)
+        return lambda params, opt_state, x, y, key: inner(params, opt_state, x, y)
+    tx = optax.with_extra_args_support(tx)
+
+    @jax.jit
+    def step(params, opt_state, x, y, key):
+        def objective(p):
+            out, inputs = optim.dense_inputs(model, {"params": p}, x, train=True, rngs={"dropout": key})
+            return loss_fn(out, y), inputs
+
+        (loss, inputs), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params, layer_inputs=inputs)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def run_parametric(ctx: Context, model, tx, data: Images, *, batch: int, epochs: int = 1, seed: int = 0,
+                   curve_points: int = 12, curve_test: int = 2000, train_accuracy: bool = False,
+                   train_eval: int = 2000, dropout: bool = False, label: str = "", eval_epochs=None,
+                   augment: bool = False, final: Optional[Callable] = None) -> Dict:
+    """Train a parametric model for ``epochs`` passes (same batches and reports as
+    :func:`run_growing`). A NaN/inf loss raises :class:`~growmem.train.NonFiniteLossError`
+    naming the step and the last finite loss. ``eval_epochs``: evaluate only after these epochs
+    (1-based; default every epoch when ``train_accuracy``). ``augment``: App. F.1.1 CIFAR epochs.
+    ``final(params, opt_state) -> dict``: extra entries of the result from the trained state."""
+    key = jax.random.key(seed)
+    params = model.init(key, jnp.asarray(data.x[:batch]))["params"]
+    opt_state = tx.init(params)
+    step_fn = make_step(model, tx, dropout=dropout)
+    predict = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    batches = batches_for(data, batch, seed=seed, augment=augment)
+    per_epoch = batches.per_epoch
+    steps = epochs * per_epoch
+    every = per_epoch if train_accuracy else _curve_every(steps, curve_points)
+    watch = LossWatch()
+    curve, train_curve, losses = [], [], []
+    xt, yt = data.xt[:curve_test], data.yt[:curve_test]
+    t0 = time.perf_counter()
+    for step in range(1, steps + 1):
+        xb, yb = batches(step)
+        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(xb), jnp.asarray(yb),
+                                          jax.random.fold_in(key, step))
+        watch.add(step, loss)
+        losses.append(loss)
+        ctx.update(1)
+        epoch_end = step % per_epoch == 0
+        due = (step % every == 0 or step == steps)
+        if eval_epochs is not None:
+            due = epoch_end and (step // per_epoch) in eval_epochs
+        if due:
+            watch.check()
+            p = lambda x: predict(params, jnp.asarray(x))
+            acc = accuracy(p, xt, yt)
+            curve.append([step * batch, acc])
+            if train_accuracy:
+                train_curve.append([step // per_epoch, accuracy(p, data.x[:train_eval], data.y[:train_eval])])
+            ctx.status(f"{label} {step}/{steps} acc {acc:.3f}")
+    watch.check()
+    seconds = time.perf_counter() - t0
+    loss = np.asarray(jax.device_get(losses), np.float64)
+    final_fn = final
+    final = accuracy(lambda x: predict(params, jnp.asarray(x)), data.xt, data.yt)
+    n_params = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+    extra = final_fn(params, opt_state) if final_fn is not None else {}
+    return {**extra, "accuracy": final, "params": n_params, "seconds": seconds, "steps": steps, "samples": steps * batch,
+            "curve": curve, "train_curve": train_curve if train_accuracy else None,
+            "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+
+
+def residual_mlp(cfg: dict, data: Images):
+    """The residual MLP baseline of Eq. 12 / F.9: ``n_blocks`` blocks ``e ← e + W2 σ(W1 RMSNorm(e))``
+    of ``hidden`` units (default: the residual stream width d_e = d), GELU, a linear head."""
+    from ..layers import ResidualMLP
+    return ResidualMLP(d_out=data.classes, n_blocks=cfg.get("n_blocks", 2), hidden=cfg.get("hidden") or data.d,
+                       activation=cfg.get("activation", "gelu"))
+
+
+def mlp_sweep(ctx: Context, data: Images, optimizer: str, hypers, *, mlp: dict, batch: int, epochs: int = 1,
+              seed: int = 0, key: str = None, **kw) -> Dict:
+    """The residual MLP trained with ``optimizer`` for every configuration of ``hypers`` (a list
+    of dicts); the best by final test accuracy (App. F.1). See :func:`growmem.repro.core.sweep`."""
+    from .core import sweep
+    steps = epochs * (len(data.x) // batch)
+
+    def one(hp):
+        model = residual_mlp(mlp, data)
+        tx = mlp_optimizer(optimizer, hp, steps=steps)
+        return run_parametric(ctx, model, tx, data, batch=batch, epochs=epochs, seed=seed,
+                              label=key or f"mlp_{optimizer}", **kw)
+
+    return sweep(ctx, key or f"mlp_{optimizer}", hypers, one, steps=steps)
