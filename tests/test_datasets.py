@@ -205,7 +205,7 @@ def test_real_mnist_from_growmem_data_and_the_legacy_api(monkeypatch):
 
 
 def test_the_shared_folder_is_not_a_fallback(monkeypatch):
-    monkeypatch.delenv("GROWMEM_DATA")
+    monkeypatch.delenv("GROWMEM_DATA", raising=False)
     dirs = mnist.candidate_dirs()
     assert not any("shared" in d.parts for d in dirs)  # no ../shared/data/mnist
     assert not mnist.available()
@@ -222,7 +222,7 @@ def test_search_order_and_download_folder(tmp_path, monkeypatch, isolated):
     assert data.cache_dir("cifar100") == isolated / "cifar100"
     assert data.search_dirs("cifar10", tmp_path) == [tmp_path / "cifar10", tmp_path]  # explicit: nowhere else
     assert data.cache_dir("mnist", tmp_path) == tmp_path / "mnist"
-    monkeypatch.delenv("GROWMEM_DATA")
+    monkeypatch.delenv("GROWMEM_DATA", raising=False)
     assert data.cache_dir("mnist") == xdg / "mnist"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -246,7 +246,8 @@ def _cases(tmp_path):
               (["--checkpoint-every", "0"], "--checkpoint-every"), (["--eta", "nan"], "--eta"),
               (["--beta", "inf"], "--beta"), (["--policy", only], "needs the hyperparameters"),
               (["--policy", binary], "not valid TOML"), (["--policy", "/no/such/dir/capped.toml"], "no such preset file"),
-              (["--task", "mnist", "--data-dir", tmp_path / "nowhere"], "does not exist")]
+              (["--task", "mnist", "--data-dir", tmp_path / "nowhere"], "does not exist"),
+              (["--policy", "target_dct"], "growmem continual --policy target_dct")]
     cases = [(c + out, m) for c, m in cases]
     cases += [(["--task", "mnist", "--data-dir", _mnist_dir(tmp_path, d)] + out, None)
               for d in ("truncated", "random", "not_gzip", "labels_length", "label_200")]

@@ -20,7 +20,7 @@ Implementations: :class:`RAM` (device arrays of one device), :class:`growmem.bac
 (rows split over the devices of a mesh, across processes too; each shard with its own rows in
 use), :class:`growmem.backends.tiered.Tiered` (newest rows in RAM, older rows in a TensorStore
 tier on disk, per shard when combined with :class:`Sharded`). The trainer takes one with
-``Trainer(model, backend=...)``; :class:`growmem.backends.store.Store` uses the same objects
+``Trainer(model, backend=...)``; :class:`growmem.store.Store` uses the same objects
 for a memory outside any trainer.
 """
 from __future__ import annotations

@@ -2,12 +2,11 @@
 
     growmem continual                                   # embedded drifting stream, growmem variants vs naive
                                                         # and replay_1000, a few minutes on a laptop CPU
-    growmem continual --stream split_mnist --policy continual_growmem --memory-budget 15.7MB \\
+    growmem continual --stream split_mnist --memory-budget 15.7MB \\
         --baselines naive,ewc,lwf,gdumb,replay_1000,replay_4400,cumulative,joint --seeds 1,2,3 --out runs/smnist
     growmem continual ... --checkpoint-dir runs/smnist/ckpt            # checkpoints as it goes
     growmem continual ... --checkpoint-dir runs/smnist/ckpt --resume   # continues a killed run exactly
 
-Until ``growmem/cli.py`` registers it: ``python -m growmem.continual.cli ...``.
 Writes ``<out>/continual.json`` (every run, the accuracy matrices, the summary) and
 ``<out>/continual_accuracy_matrix.png``, ``<out>/continual_stream.png``.
 """
@@ -38,8 +37,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "split_cifar10, split_cifar100")
     p.add_argument("--policy", default=None, metavar="PRESET[,PRESET...]",
                    help="growmem preset(s) (policies/NAME.toml or a path); several run side by side as "
-                        "growmem:PRESET (default: continual_growmem; on drifting_teacher also continual_decay and "
-                        "continual_window)")
+                        "growmem:PRESET (default: target_dct on split_mnist, target_subspaces on "
+                        "permuted_mnist and rotated_mnist, continual_growmem elsewhere; on drifting_teacher "
+                        "also continual_decay and continual_window)")
     p.add_argument("--baselines", default=None, metavar="NAMES",
                    help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
                         "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
