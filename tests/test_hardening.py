@@ -308,10 +308,13 @@ def test_a_failed_save_leaves_no_temporary_folder_and_names_the_last_good_checkp
 
 
 def test_ctrl_c_stops_at_the_end_of_a_step_saves_and_resumes_exactly(tmp_path):
-    common = ["--eval-every", "1000", "--checkpoint-every", "1000", "--out", tmp_path / "o", "--steps", "3000"]
+    common = ["--eval-every", "100", "--checkpoint-every", "100", "--out", tmp_path / "o", "--steps", "800"]
     victim = subprocess.Popen([*GROWMEM, "train", *map(str, common), "--checkpoint-dir", str(tmp_path / "ck")],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(15)   # past the compilations, somewhere in the training loop
+    for _ in range(1200):   # past the compilations and the first checkpoint: inside the training loop
+        if (tmp_path / "ck").is_dir() and any(p.name.isdigit() for p in (tmp_path / "ck").iterdir()):
+            break
+        time.sleep(0.1)
     victim.send_signal(signal.SIGINT)
     out, err = victim.communicate(timeout=300)
     assert victim.returncode == 130, err[-2000:]
@@ -321,7 +324,7 @@ def test_ctrl_c_stops_at_the_end_of_a_step_saves_and_resumes_exactly(tmp_path):
     r = run("train", *common, "--checkpoint-dir", tmp_path / "ck", "--resume")
     assert r.returncode == 0 and f"resumed from step {step}" in r.stdout, r.stderr
     resumed = json.loads((tmp_path / "o" / "metrics.json").read_text())
-    assert run("train", *common[:-4], "--out", tmp_path / "ref", "--steps", "3000").returncode == 0
+    assert run("train", *common[:-4], "--out", tmp_path / "ref", "--steps", "800").returncode == 0
     ref = json.loads((tmp_path / "ref" / "metrics.json").read_text())
     assert resumed["rows"] == ref["rows"] and resumed["final_test_loss"] == ref["final_test_loss"]
 
