@@ -282,6 +282,9 @@ def main(argv=None):
     p = _common.parser(__doc__.splitlines()[0], PRESETS)
     p.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (else $GROWMEM_DATA/mnist)")
     p.add_argument("--runs", default=None, help="comma-separated subset of the preset's runs")
+    p.add_argument("--merge", action="store_true",
+                   help="add these runs to an existing single_pass.json of the same preset in --out (the runs "
+                        "of another invocation are kept, the ones named here replaced)")
     args = p.parse_args(argv)
     cfg = PRESETS[args.preset]
     wanted = tuple(args.runs.split(",")) if args.runs else cfg["runs"]
@@ -341,7 +344,20 @@ def main(argv=None):
     summary["load_average_after"] = os.getloadavg()[0]
     summary["reference_wall_s_reported"] = REFERENCE_WALL_S
     data_out = {"preset": args.preset, "config": cfg, "bandwidth": bw, "wall_s": time.perf_counter() - t_start,
-                "runs": runs}
+                "runs": runs, "invocations": [{"runs": list(wanted), "command": " ".join(sys.argv),
+                                               "load_average_before": load_before[0]}]}
+    old_path = Path(args.out) / f"{NAME}.json"
+    if args.merge and old_path.exists():
+        import json
+        old = json.loads(old_path.read_text())
+        if old.get("preset") != args.preset:
+            raise SystemExit(f"--merge: {old_path} holds the {old.get('preset')!r} preset, not {args.preset!r}")
+        mine = {r.get("label", "capped") for r in runs}
+        data_out["runs"] = [r for r in old.get("runs", []) if r.get("label", "capped") not in mine] + runs
+        data_out["invocations"] = old.get("invocations", []) + data_out["invocations"]
+        keep = {k: v for k, v in old["summary"].items() if k not in summary}
+        summary = {**keep, **summary}
+        runs = data_out["runs"]
     json_path = _common.write_results(NAME, summary, data_out, args.out)
     png = plot(runs, summary, args.out)
     if "wall_s" in summary:
