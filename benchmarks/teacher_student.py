@@ -15,7 +15,6 @@ Writes benchmarks/results/teacher_student.json (``summary.final_test_loss``,
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -26,36 +25,16 @@ from tqdm import tqdm
 from growmem import experiments
 from growmem.data.teacher_student import TeacherStudent
 from growmem.reporting import pyplot, save_figure, write_json
+from growmem.repro.core import grid
+from growmem.repro.teacher_student import PRESETS as _REPRO_PRESETS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-PRESETS = {
-    # a handful of steps: checks the pipeline end to end
-    "smoke": dict(steps=20, batch=16, eval_every=10, test_size=256,
-                  gws=dict(beta=[0.3], eta=[30.0], temperature=[1.0], momentum=[0.6]),
-                  psm=dict(lr=[0.003], temperature=[1.0]),
-                  mlp=dict(width=[256], lr=[0.1], momentum=[0.9])),
-    # reduced grids of Tables 2 / 6 / 13 at 64k samples (under an hour on 2 cores). The first
-    # cpu sweep (results/teacher_student_sweep1.json: GWS β∈{0.3,1}, η∈{30,100}, T∈{0.1,1};
-    # PSM lr∈{1e-3,3e-3,1e-2}) chose values at the grid edges, so this grid is centred on them.
-    "cpu": dict(steps=1000, batch=64, eval_every=100, test_size=4096,
-                gws=dict(beta=[1.0, 3.0], eta=[10.0, 30.0], temperature=[1.0, 3.0], momentum=[0.6, 0.9]),
-                psm=dict(lr=[0.003, 0.01, 0.03], temperature=[0.1, 1.0]),
-                mlp=dict(width=[1024], lr=[0.03, 0.1, 0.3, 1.0], momentum=[0.0, 0.9])),
-    # the paper's settings (200k steps, full grids)
-    "paper": dict(steps=200_000, batch=64, eval_every=2000, test_size=16384,
-                  gws=dict(beta=[0.1, 0.3, 1.0], eta=[10.0, 30.0, 100.0], temperature=[0.1, 1.0, 3.0, 10.0],
-                           momentum=[0.6, 0.9]),
-                  psm=dict(lr=[0.0003, 0.001, 0.003, 0.01, 0.03],
-                           temperature=[0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]),
-                  mlp=dict(width=[256, 512, 1024, 4096, 8192], lr=[0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0],
-                           momentum=[0.0, 0.9, 0.999])),
-}
-
-
-def grid(d):
-    keys = sorted(d)
-    return [dict(zip(keys, vals)) for vals in itertools.product(*(d[k] for k in keys))]
+#: the grids of ``growmem repro teacher-student`` (smoke: a handful of steps; cpu: reduced grids of
+#: Tables 2 / 6 / 13 at 64k samples, centred on what a first sweep chose — results/teacher_student_sweep1.json;
+#: paper: 200k steps, the full grids). One definition: the repro reuses this benchmark's JSON.
+PRESETS = {name: {k: v for k, v in cfg.items() if k not in ("seed", "reuse_benchmark")}
+           for name, cfg in _REPRO_PRESETS.items()}
 
 
 def best(runs):

@@ -347,14 +347,20 @@ class TargetPreset:
                                      seed=self.settings["seed"] if seed is None else int(seed), **t)
 
 
+def _description(path, doc) -> str:
+    """A preset's one-line ``description`` (required)."""
+    desc = doc.get("description")
+    if not isinstance(desc, str) or not desc.strip():
+        raise ConfigError(f"{path}: key 'description' is missing; allowed: a one-line string")
+    return desc
+
+
 def _load_target(path, doc) -> TargetPreset:
     unknown = set(doc) - TARGET_TOP
     if unknown:
         raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; a target-memory preset ([target]) allows "
                           f"the top-level keys {', '.join(sorted(TARGET_TOP))}")
-    desc = doc.get("description")
-    if not isinstance(desc, str) or not desc.strip():
-        raise ConfigError(f"{path}: key 'description' is missing; allowed: a one-line string")
+    desc = _description(path, doc)
     target = _validate(path, "target", doc.get("target", {}), TARGET)
     if "temperature" not in target:
         raise ConfigError(f"{path}: key 'target.temperature' is missing; allowed: {TARGET['temperature'].allowed}")
@@ -470,9 +476,7 @@ def load(name_or_path) -> Union[Preset, TargetPreset]:
     if unknown:
         raise ConfigError(f"{path}: unknown key '{sorted(unknown)[0]}'; allowed top-level keys: "
                           f"{', '.join(sorted(TOP))}")
-    desc = doc.get("description")
-    if not isinstance(desc, str) or not desc.strip():
-        raise ConfigError(f"{path}: key 'description' is missing; allowed: a one-line string")
+    desc = _description(path, doc)
     model = _validate(path, "model", doc.get("model", {}), MODEL)
     layer = _validate(path, "layer", doc.get("layer", {}), LAYER)
     readout = {**layer, **_validate(path, "readout", doc.get("readout", {}), LAYER)}

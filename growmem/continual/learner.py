@@ -62,29 +62,28 @@ class GrowmemConfig:
             return self._load_target(preset)
         if self.n_blocks is not None:
             preset = dataclasses.replace(preset, n_blocks=int(self.n_blocks))
-        if self.batch_size is not None or self.epochs is not None:
-            train = dict(preset.train)
-            if self.batch_size is not None:
-                train["batch_size"] = int(self.batch_size)
-            if self.epochs is not None:
-                train["epochs"] = float(self.epochs)
-            preset = dataclasses.replace(preset, train=tuple(sorted(train.items())))
+        preset = self._with_train_overrides(preset)
         if self.max_rows is not None:
             preset = with_row_cap(preset, int(self.max_rows), self.on_full)
         return preset
+
+    def _with_train_overrides(self, preset):
+        """``preset`` with this config's batch size and epochs, where given."""
+        if self.batch_size is None and self.epochs is None:
+            return preset
+        train = dict(preset.train)
+        if self.batch_size is not None:
+            train["batch_size"] = int(self.batch_size)
+        if self.epochs is not None:
+            train["epochs"] = float(self.epochs)
+        return dataclasses.replace(preset, train=tuple(sorted(train.items())))
 
     def _load_target(self, preset):
         """A target-memory preset with the overrides that apply to it."""
         if self.n_blocks is not None or self.max_rows is not None:
             raise ValueError(f"preset {preset.name!r} is a target memory (no residual blocks, no row cap): drop "
                              f"n_blocks / max_rows and bound it with a memory budget (--memory-budget)")
-        if self.batch_size is not None or self.epochs is not None:
-            train = dict(preset.train)
-            if self.batch_size is not None:
-                train["batch_size"] = int(self.batch_size)
-            if self.epochs is not None:
-                train["epochs"] = float(self.epochs)
-            preset = dataclasses.replace(preset, train=tuple(sorted(train.items())))
+        preset = self._with_train_overrides(preset)
         return preset
 
     @property
