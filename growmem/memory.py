@@ -205,11 +205,23 @@ def append(mem: Memory, w, k, v, born, mask=None) -> Memory:
     new_size = jnp.minimum(mem.size + mask.sum(dtype=jnp.int32), cap)
     return mem.replace(
         w=mem.w.at[idx].set(jnp.asarray(w, mem.w.dtype), mode="drop"),
-        k=mem.k.at[idx].set(jnp.asarray(k).astype(mem.k.dtype), mode="drop"),
-        v=mem.v.at[idx].set(jnp.asarray(v).astype(mem.v.dtype), mode="drop"),
+        k=set_rows(mem.k, idx, k),
+        v=set_rows(mem.v, idx, v),
         born=mem.born.at[idx].set(born, mode="drop"),
         size=new_size,
     )
+
+
+def set_rows(table, idx, rows):
+    """``table.at[idx].set(rows, mode="drop")`` in the table's dtype. bfloat16 tables are written
+    through their uint16 bits: XLA's CPU backend otherwise widens the whole table to float32 for
+    the scatter and narrows it back (two full copies per append)."""
+    rows = jnp.asarray(rows).astype(table.dtype)
+    if table.dtype != jnp.bfloat16:
+        return table.at[idx].set(rows, mode="drop")
+    bits = lax.bitcast_convert_type(table, jnp.uint16).at[idx].set(lax.bitcast_convert_type(rows, jnp.uint16),
+                                                                    mode="drop")
+    return lax.bitcast_convert_type(bits, jnp.bfloat16)
 
 
 def compact_fn(keep, size):
@@ -252,17 +264,20 @@ def _first_true(mask, n: int, fill: int):
 def relocate(arrays: Sequence[jax.Array], news: Sequence[Optional[jax.Array]], keep, mask, size, *,
              max_moves: int):
     """Drop the rows in use where ``keep:(C,)`` is False and add the candidates where
-    ``mask:(B,)`` is True, for several per-row arrays at once; ``-> (arrays, new_size)``.
+    ``mask:(B,)`` is True, for several per-row arrays at once, in place; ``-> (arrays, new_size)``.
 
     ``news[j]`` holds the candidates' entries for ``arrays[j]`` (``(B, ...)``; None: zeros).
-    When at most ``max_moves`` rows leave, the admitted candidates fill the holes the evicted
-    rows leave (then the space after ``size``), and the kept rows past the new size move
-    into the remaining holes: O(max_moves) rows touched, the table is never copied. Otherwise
-    the kept rows are compacted in order (:func:`compact_fn`) and the candidates appended.
-    Candidates that do not fit in the capacity are dropped. Rows ``[new_size, C)`` are zero.
+    The admitted candidates fill the holes the evicted rows leave (then the space after
+    ``size``); the kept rows past the new size move into the holes still open, and the rows
+    they leave are zeroed. The moves run ``max_moves`` rows at a time in a loop whose trip count
+    is what the step needs (none when the candidates fill every hole, the common case at a
+    cap): only the rows that change are touched and the table is never copied, however many
+    rows leave. Candidates that do not fit in the capacity are dropped. Rows ``[new_size, C)``
+    are zero.
     """
     cap = arrays[0].shape[0]
     b = mask.shape[0]
+    k = max(int(max_moves), 1)
     idx = jnp.arange(cap, dtype=jnp.int32)
     valid = idx < size
     keep = jnp.asarray(keep, bool) & valid
@@ -277,37 +292,34 @@ def relocate(arrays: Sequence[jax.Array], news: Sequence[Optional[jax.Array]], k
     news = [jnp.zeros((b,) + a.shape[1:], a.dtype) if n is None else jnp.asarray(n).astype(a.dtype)
             for a, n in zip(arrays, news)]
     cand = _first_true(mask, b, b)                          # admitted candidates, in batch order
+    hole = _first_true(holes, b, cap)                       # the first B holes, in order
+    rank = jnp.arange(b, dtype=jnp.int32)
+    # destination of the j-th admitted candidate: the j-th hole, then size, size+1, ...
+    dest = jnp.where(rank < n_holes, hole[jnp.minimum(rank, b - 1)], size + rank - n_holes)
+    dest = jnp.where(rank < n_new, dest, cap)
+    # holes left below new_size (the candidates did not take them) get the kept rows at or past
+    # new_size: two lists of equal length, sources all >= new_size > destinations, so the moves
+    # commute and can run a chunk at a time
+    left = holes & (idx < new_size) & (jnp.cumsum(holes.astype(jnp.int32)) > n_new)
+    n_moves = left.sum(dtype=jnp.int32)
+    pad = (-cap) % k
+    fill_to = jnp.pad(_first_true(left, cap, cap), (0, pad + k), constant_values=cap)
+    fill_from = jnp.pad(_first_true(keep & (idx >= new_size), cap, cap), (0, pad + k), constant_values=cap)
+    n_clear = jnp.maximum(size - new_size, 0)               # rows [new_size, size) end up unused
 
-    def in_place(arrays):
-        k = max(int(max_moves), 1)
-        hole = _first_true(holes, k, cap)                   # the first k holes, in order
-        rank = jnp.arange(b, dtype=jnp.int32)
-        # destination of the j-th admitted candidate: the j-th hole, then size, size+1, ...
-        dest = jnp.where(rank < n_holes, hole[jnp.minimum(rank, k - 1)], size + rank - n_holes)
-        dest = jnp.where(rank < n_new, dest, cap)
-        # holes left below new_size are filled by the kept rows at or past new_size
-        left = holes & (idx < new_size)
-        left = left & (jnp.cumsum(holes.astype(jnp.int32)) > n_new)   # holes the candidates did not take
-        fill_to = _first_true(left, k, cap)
-        fill_from = _first_true(keep & (idx >= new_size), k, cap)
-        clear = new_size + jnp.arange(k, dtype=jnp.int32)
-        clear = jnp.where(clear < size, clear, cap)
-        out = []
-        for a, new in zip(arrays, news):
-            moved = a.at[jnp.minimum(fill_from, cap - 1)].get(mode="clip")
-            a = a.at[clear].set(jnp.zeros_like(moved), mode="drop")
-            a = a.at[fill_to].set(moved, mode="drop")
-            a = a.at[dest].set(new[cand], mode="drop")
-            out.append(a)
-        return out
+    def moves(i, arrays):
+        to = lax.dynamic_slice(fill_to, (i * k,), (k,))
+        src = lax.dynamic_slice(fill_from, (i * k,), (k,))
+        return [a.at[to].set(a.at[jnp.minimum(src, cap - 1)].get(mode="clip"), mode="drop") for a in arrays]
 
-    def compacted(arrays):
-        z = compact_fn(keep, size)
-        pos = n_keep + jnp.arange(b, dtype=jnp.int32)
-        dest = jnp.where(jnp.arange(b) < n_new, pos, cap)
-        return [z(a).at[dest].set(new[cand], mode="drop") for a, new in zip(arrays, news)]
+    def clears(i, arrays):
+        rows = new_size + i * k + jnp.arange(k, dtype=jnp.int32)
+        rows = jnp.where(rows < new_size + n_clear, rows, cap)
+        return [a.at[rows].set(jnp.zeros((k,) + a.shape[1:], a.dtype), mode="drop") for a in arrays]
 
-    out = lax.cond(n_holes <= max_moves, in_place, compacted, list(arrays))
+    out = lax.fori_loop(0, (n_moves + k - 1) // k, moves, list(arrays))
+    out = lax.fori_loop(0, (n_clear + k - 1) // k, clears, out)
+    out = [set_rows(a, dest, new[cand]) for a, new in zip(out, news)]
     return out, new_size
 
 

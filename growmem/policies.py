@@ -391,6 +391,25 @@ def _rank(score, valid, order_key=None):
     return jnp.zeros(score.shape, jnp.int32).at[order].set(jnp.arange(score.shape[0], dtype=jnp.int32))
 
 
+def _smallest(score, valid, n, k: int, order_key=None):
+    """``(C,)`` bool: the ``n`` valid entries of lowest ``score`` (ties by ``order_key``, then
+    position) — ``_rank(score, valid, order_key) < n`` without sorting all C entries when it
+    can: ``top_k`` finds the n-th smallest score τ (``n <= k``); when exactly n entries are
+    ``<= τ`` they are the answer, under any tie rule. Otherwise (ties at τ to break, or a memory
+    far above its cap) all C entries are sorted. ``top_k`` runs on float32 keys (XLA's CPU
+    ``top_k`` sorts integers): rounding is monotone, so the test stays exact."""
+    c = score.shape[0]
+    k = max(1, min(int(k), c))
+    s = jnp.where(valid, jnp.asarray(score, jnp.float32), jnp.inf)
+    # the n-th smallest score, the largest of the n first top_k picks: read another way (the values
+    # alone, or one element) XLA turns top_k back into a sort of all C entries
+    low = s[lax.top_k(-s, k)[1]]
+    tau = jnp.max(jnp.where(jnp.arange(k) < n, low, -jnp.inf))
+    upto = valid & (s <= tau)                                     # none when n = 0 (τ = −inf)
+    easy = (n <= k) & (upto.sum(dtype=jnp.int32) == n)
+    return lax.cond(easy, lambda: upto, lambda: valid & (_rank(score, valid, order_key) < n))
+
+
 def _check_number(name, value, ok, allowed):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
@@ -475,15 +494,15 @@ def capacity(max_rows: int, on_full: str = "reject") -> Policy:
         if on_full == "evict_oldest":
             mask = _last(mask, max_rows)
             n_evict = jnp.maximum(valid.sum(dtype=jnp.int32) + mask.sum(dtype=jnp.int32) - max_rows, 0)
-            rank = _rank(mem.born, valid)
-            return g._replace(keep=valid & (rank >= n_evict), mask=mask), state
+            out = _smallest(mem.born, valid, n_evict, mask.shape[0])
+            return g._replace(keep=valid & ~out, mask=mask), state
         # evict_smallest: stored rows (older, by born) and then candidates, in one ranking
         c = valid.shape[0]
         score = jnp.concatenate([significance(mem), candidate_significance(mem, g.rows)])
         both = jnp.concatenate([valid, mask])
         age_key = jnp.concatenate([mem.born, jnp.full(mask.shape, jnp.iinfo(jnp.int32).max, jnp.int32)])
         n_evict = jnp.maximum(both.sum(dtype=jnp.int32) - max_rows, 0)
-        stay = both & (_rank(score, both, age_key) >= n_evict)
+        stay = both & ~_smallest(score, both, n_evict, mask.shape[0], age_key)
         return g._replace(keep=stay[:c], mask=stay[c:]), state
 
     return policy(f"capacity(max_rows={max_rows}, on_full={on_full})", evict=evict)._replace(max_rows=max_rows)
@@ -600,13 +619,18 @@ def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
     def update(g, state):
         mem = g.mem
         p = params(mem)
-        updates, opt = tx.update(g.grads, state.tree, p)
-        new = optax.apply_updates(p, updates)
-        new["w"] = jnp.maximum(new["w"], 0.0) if _weighted(mem) else new["w"]   # projected step: den > 0
-        # a step whose gradients are not finite (a NaN input) trains nothing: rows and moments stay
+
+        def train():
+            updates, opt = tx.update(g.grads, state.tree, p)
+            new = optax.apply_updates(p, updates)
+            new["w"] = jnp.maximum(new["w"], 0.0) if _weighted(mem) else new["w"]   # projected step: den > 0
+            return new, opt
+
+        # a step whose gradients are not finite (a NaN input) trains nothing: rows and moments stay.
+        # A cond, not a select of old and new: the select keeps the old moments alive past the
+        # update and XLA copies every (C, d) moment on every step to do so
         ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(g.grads)]))
-        new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, p)
-        opt = jax.tree.map(lambda a, b: jnp.where(ok, a, b), opt, state.tree)
+        new, opt = lax.cond(ok, train, lambda: (p, state.tree))
         return g._replace(mem=mem.replace(w=new["w"], k=new["k"], v=new["v"])), RowState(opt)
 
     return policy("hybrid", init=init, update=update, trains_rows=True)

@@ -10,6 +10,7 @@ import pytest
 from growmem import memory as memlib
 from growmem import policies as P
 from growmem.layers import GrowingSpec, ResidualGrowingNet, rms_norm
+from growmem.rules import Rows
 from growmem.train import Trainer
 
 
@@ -168,3 +169,30 @@ def test_grow_without_trainer_state_explains_what_a_hybrid_layer_needs():
     g = {"readout": {"s": jnp.zeros((2, 2))}}
     with pytest.raises(ValueError, match="hybrid"):
         grow(set_memories({"memory": v["memory"]}, mems), inter["intermediates"], g, 2)
+
+
+def test_the_hybrid_update_trains_the_rows_without_copying_its_optimizer_moments():
+    """The step that trains the stored rows (Adam) and appends compiles, with the memory and the
+    moments donated, to a program that copies none of the (C, d) moments or rows (a select of the
+    old and new moments, to skip a non-finite step, made XLA copy all four every step)."""
+    r = np.random.default_rng(0)
+    c, d, b = 1024, 64, 16
+    spec = _hybrid_spec(b)
+    mem = memlib.from_rows(r.random(300).astype(np.float32), r.normal(size=(300, d)).astype(np.float32),
+                           r.normal(size=(300, d)).astype(np.float32), capacity=c, spec=spec)
+    pol = P.hybrid()
+    rows = Rows(jnp.ones(b), jnp.ones((b, d)), jnp.ones((b, d)))
+    grads = {"w": jnp.ones(c), "k": jnp.ones((c, d)), "v": jnp.ones((c, d))}
+    step = jax.jit(lambda m, s, g: P.step(pol, m, rows, s, grads=g)[:2], donate_argnums=(0, 1))
+    hlo = step.lower(mem, pol.init(mem), grads).compile().as_text()
+    copies = [line for line in hlo.splitlines() if " copy(" in line and f"[{c},{d}]" in line]
+    assert not copies, copies[:4]
+    # and it still trains: one step moves the stored keys, a non-finite gradient moves nothing
+    out, state = step(memlib.from_rows(*(np.asarray(a)[:300] for a in (mem.w, mem.k, mem.v)), capacity=c, spec=spec),
+                      pol.init(mem), grads)
+    assert not np.allclose(np.asarray(out.k)[:300], np.asarray(mem.k)[:300])
+    bad = dict(grads, k=grads["k"].at[0, 0].set(jnp.nan))
+    fresh = memlib.from_rows(*(np.asarray(a)[:300] for a in (mem.w, mem.k, mem.v)), capacity=c, spec=spec)
+    out, state = step(fresh, pol.init(fresh), bad)
+    np.testing.assert_array_equal(np.asarray(out.k)[:300], np.asarray(mem.k)[:300])
+    assert all(not np.any(np.asarray(a)) for a in jax.tree.leaves(state) if np.ndim(a) == 2)

@@ -432,3 +432,39 @@ def test_trainer_carries_policy_state_and_bounds_every_layer():
     assert int(tr.state.policy_state["readout"][0]) == 96
     assert all(0 < n <= 40 for n in tr.rows_in_use().values())
     assert np.isfinite(np.asarray(tr.predict(X))).all()
+
+
+def test_smallest_selects_like_a_full_lexicographic_sort():
+    """The top_k shortcut that picks the rows a capacity policy evicts equals numpy's lexsort by
+    (score, order key, position), ties and invalid entries included, below and above k."""
+    r = np.random.default_rng(3)
+    for trial in range(200):
+        c, k = int(r.integers(1, 60)), int(r.integers(1, 10))
+        score = (r.integers(0, 4, c) if trial % 2 else r.random(c)).astype(np.float32)  # many ties, or none
+        valid = r.random(c) < 0.8
+        key = r.integers(0, 5, c).astype(np.int32)
+        key[r.random(c) < 0.2] = np.iinfo(np.int32).max
+        n = int(r.integers(0, valid.sum() + 1))
+        got = np.asarray(P._smallest(jnp.asarray(score), jnp.asarray(valid), jnp.int32(n), k, jnp.asarray(key)))
+        idx = np.flatnonzero(valid)
+        want = np.zeros(c, bool)
+        want[idx[np.lexsort((idx, key[idx], score[idx]))][:n]] = True
+        np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}: n={n}, k={k}")
+
+
+def test_a_capped_memory_stops_growing_its_capacity_at_the_cap():
+    """The trainer grows a memory geometrically, but never past a capacity policy's max_rows
+    (rounded to the row quantum): the rows past it would never be used."""
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, temperature=2.0, init="zeros", init_rows=8)
+    net = ResidualGrowingNet(d_out=3, n_blocks=1, block=spec, readout=spec, capacity=256)
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(1200, 6)).astype(np.float32)
+    Y = rng.integers(0, 3, 1200)
+    free = Trainer(net, sample_input=X[:16])
+    capped = Trainer(net, sample_input=X[:16], policy=P.capacity(600, "evict_smallest"))
+    for i in range(0, 1200, 16):
+        free.step(X[i:i + 16], Y[i:i + 16])
+        capped.step(X[i:i + 16], Y[i:i + 16])
+    assert all(m.capacity == 2048 for m in free.memories().values())
+    assert all(m.capacity == memlib.round_capacity(600) == 768 for m in capped.memories().values())
+    assert all(n == 600 for n in capped.rows_in_use().values())

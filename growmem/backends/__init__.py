@@ -77,16 +77,23 @@ class RAM:
         """Take a fresh memory: placement, tiers opened; returns the memory as this backend keeps it."""
         return mem.replace(backend=None if type(self) is RAM else self)
 
-    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0):
+    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit: Optional[int] = None):
         """``(mem, exact_rows or None)``: room for ``extra`` more rows. ``bound`` is an upper
         bound on the rows in use the caller keeps without syncing; the exact count is read
-        (and returned) only when the rows might not fit."""
-        if bound + extra <= mem.capacity:
+        (and returned) only when the rows might not fit. ``limit``: the memory never holds more
+        rows than this after a step (a capacity policy's ``max_rows``: its evictions make the
+        room), so the capacity stops growing there."""
+        def room(n):            # rows the step may add on top of n rows in use
+            return extra if limit is None else min(extra, max(int(limit) - n, 0))
+
+        if bound + room(bound) <= mem.capacity:
             return mem, None
         exact = int(mem.size)
-        if exact + extra <= mem.capacity:
+        if exact + room(exact) <= mem.capacity:
             return mem, exact
         target = max(exact + extra, int(np.ceil(mem.capacity * growth)))
+        if limit is not None:
+            target = max(min(target, int(limit)), exact + room(exact))
         return memlib.with_capacity(mem, target), exact
 
     def fill(self, mem) -> int:

@@ -363,7 +363,8 @@ class Sharded(RAM):
         """Rows in use of the fullest shard (the bound a step must stay under)."""
         return int(host_value(mem.size).max(initial=0))
 
-    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0):
+    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit=None):
+        # limit (a capacity policy's max_rows) is not used: shards fill unevenly after evictions
         cs = self.block(mem)
         if bound + extra <= cs:
             return mem, None

@@ -716,7 +716,8 @@ class Tiered(RAM):
     def fill(self, mem) -> int:
         return int(mem.size)
 
-    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0):
+    def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit=None):
+        # limit is not used: a tiered memory refuses capacity policies
         hot = self.hot_rows_per_layer
         if extra > hot // 2:
             raise ValueError(f"a batch of {extra} rows is more than half the {hot} hot rows the RAM budget allows "
