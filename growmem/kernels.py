@@ -245,11 +245,17 @@ def _fold_chunks(fn, carry, arrays: Sequence[Optional[jax.Array]], n: int, size,
     if n <= chunk:
         return fn(carry, 0, arrays, jnp.arange(n) < size)
     ragged = n % chunk != 0
+    # bfloat16 rows cross the loop as their uint16 bits: XLA's CPU backend otherwise widens the
+    # whole table to float32 before the loop (one full f32 copy per call), and the halved bytes
+    # that bf16 rows are for are read twice over instead
+    bits = [a is not None and a.dtype == jnp.bfloat16 for a in arrays]
+    arrays = [lax.bitcast_convert_type(a, jnp.uint16) if b else a for a, b in zip(arrays, bits)]
 
     def body(i, carry):
         lo = i * chunk
         start = jnp.minimum(lo, n - chunk) if ragged else lo
         sl = [None if a is None else lax.dynamic_slice_in_dim(a, start, chunk, 0) for a in arrays]
+        sl = [lax.bitcast_convert_type(a, jnp.bfloat16) if b else a for a, b in zip(sl, bits)]
         idx = start + jnp.arange(chunk, dtype=jnp.int32)
         valid = (idx >= lo) & (idx < size) if ragged else idx < size
         return fn(carry, start, sl, valid)

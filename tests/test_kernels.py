@@ -295,3 +295,24 @@ def test_bad_shapes_raise_value_error(name):
             call(name, *args[:4], **args[4])
     with pytest.raises(ValueError):
         kernels.retrieve("cosine", q, k, v, w)
+
+
+@pytest.mark.parametrize("name", ["weighted_softmax", "rbf"])
+def test_bfloat16_rows_over_many_chunks_equal_the_same_values_in_float32(name):
+    """bf16 rows cross the chunk loop as their uint16 bits: the result and ∂/∂q equal the float32
+    computation on the same (bf16-rounded) values, over a ragged multi-chunk table."""
+    r = np.random.default_rng(4)
+    n, d, b = 1000, 24, 5
+    k16 = jnp.asarray(r.normal(size=(n, d)) / math.sqrt(d), jnp.bfloat16)
+    v16 = jnp.asarray(r.normal(size=(n, 3)), jnp.bfloat16)
+    w = jnp.asarray(r.uniform(0.1, 1.0, n), jnp.float32)
+    q = jnp.asarray(r.normal(size=(b, d)), jnp.float32)
+
+    def out(q, k, v):
+        p = kernels.reduce(name, q, k, v, w, temperature=0.7, size=937, chunk=128)
+        return jnp.sum(kernels.get(name).finish(p) ** 2), kernels.get(name).finish(p)
+
+    (l16, y16), g16 = jax.value_and_grad(out, has_aux=True)(q, k16, v16)
+    (l32, y32), g32 = jax.value_and_grad(out, has_aux=True)(q, k16.astype(jnp.float32), v16.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(y16), np.asarray(y32), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(g16), np.asarray(g32), rtol=1e-5, atol=1e-7)
