@@ -49,6 +49,7 @@ import _common  # noqa: E402
 from growmem import config, policies  # noqa: E402
 from growmem import memory as memlib  # noqa: E402
 from growmem.data import mnist  # noqa: E402
+from growmem.runtime import exec_with_huge_pages, keep_freed_memory  # noqa: E402
 from growmem.train import memories, set_memories  # noqa: E402
 
 NAME = "single_pass"
@@ -285,7 +286,14 @@ def main(argv=None):
     p.add_argument("--merge", action="store_true",
                    help="add these runs to an existing single_pass.json of the same preset in --out (the runs "
                         "of another invocation are kept, the ones named here replaced)")
+    p.add_argument("--system-malloc", action="store_true",
+                   help="leave glibc's malloc as it is (default: growmem.runtime.keep_freed_memory(), as "
+                        "growmem train does: freed buffers stay in the process instead of being unmapped)")
     args = p.parse_args(argv)
+    if argv is None and not args.system_malloc:
+        exec_with_huge_pages()   # re-executes this command line with huge-page backed malloc (glibc)
+    malloc = {"applied": False, "reason": "--system-malloc"} if args.system_malloc else keep_freed_memory()
+    malloc["huge_pages"] = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
     cfg = PRESETS[args.preset]
     wanted = tuple(args.runs.split(",")) if args.runs else cfg["runs"]
     data = load(cfg, args.data_dir)
@@ -339,13 +347,27 @@ def main(argv=None):
             summary["capped"] = {"ms_per_step": r["capped_ms_per_step"],
                                  "uncapped_ms_per_step_same_rows": r["uncapped_ms_per_step_same_rows"],
                                  "ratio": r["ratio"], "cap": r["cap"], "accuracy": r["accuracy"]}
-    summary["read_bandwidth_gb_per_s"] = bw["bytes_per_s"] / GB
-    summary["load_average_before"] = load_before[0]
-    summary["load_average_after"] = os.getloadavg()[0]
+    load_after = os.getloadavg()[0]
+    # how malloc ran (growmem.runtime): freed buffers kept in the process, huge-page backed memory
+    flags = {"keep_freed_memory": malloc["applied"], "huge_pages": malloc["huge_pages"]}
+    for r in runs:
+        r.update(flags)
+    for k in ("bf16", "gauge", "hybrid", "capped"):
+        if k in summary:
+            summary[k].update(flags)
+    if "weighted_softmax" in wanted:
+        summary.update(flags)
+    if "weighted_softmax" in wanted or "bf16" in wanted:
+        # the bandwidth the floor was computed with, and the load around that run (a --merge of other
+        # runs keeps these: they belong to the fp32 run)
+        summary["read_bandwidth_gb_per_s"] = bw["bytes_per_s"] / GB
+        summary["load_average_before"] = load_before[0]
+        summary["load_average_after"] = load_after
     summary["reference_wall_s_reported"] = REFERENCE_WALL_S
     data_out = {"preset": args.preset, "config": cfg, "bandwidth": bw, "wall_s": time.perf_counter() - t_start,
-                "runs": runs, "invocations": [{"runs": list(wanted), "command": " ".join(sys.argv),
-                                               "load_average_before": load_before[0]}]}
+                "runs": runs, "invocations": [{"runs": list(wanted), "command": " ".join(sys.argv), "malloc": malloc,
+                                               "load_average_before": load_before[0], "load_average_after": load_after,
+                                               "read_bandwidth_gb_per_s": bw["bytes_per_s"] / GB}]}
     old_path = Path(args.out) / f"{NAME}.json"
     if args.merge and old_path.exists():
         import json

@@ -289,6 +289,9 @@ def _main_thread() -> bool:
 def cmd_train(args) -> int:
     import jax
 
+    from .runtime import keep_freed_memory
+    keep_freed_memory()     # no page faults for the large buffers XLA allocates every step
+
     from . import kernels, rules
     from .layers import GrowingSpec, ResidualGrowingNet
     from .reporting import pyplot, save_figure, write_json
@@ -564,6 +567,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The ``growmem`` command: 0 on success, 2 for a problem with the command or its inputs,
     1 for a run that failed on its way, 130 when interrupted — always one line on stderr."""
     ap = build_parser()
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("train", "repro"):
+        # a training command line (not an in-process call): huge-page backed malloc, set at exec
+        from .runtime import exec_with_huge_pages
+        exec_with_huge_pages()
     try:
         args = ap.parse_args(argv)
     except UsageError as e:

@@ -226,3 +226,138 @@ def test_trainer_two_programs_equal_the_one_program_train_step():
         assert len(a["w"]) == len(b["w"]) > 8
         for f in ("w", "k", "v", "born"):
             np.testing.assert_allclose(a[f], b[f], rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------- eviction in place
+
+
+@pytest.mark.parametrize("n_leave", [0, 3, 16, 40, 190])
+def test_evict_and_append_keeps_exactly_the_kept_rows_and_the_admitted_candidates(n_leave):
+    """Any number of evicted rows (fewer than the batch, or many times it: a pruning wave) —
+    the rows in use afterwards are, as a set, the kept rows plus the admitted candidates (numpy),
+    packed below the new size, with zeros after it."""
+    r = np.random.default_rng(n_leave)
+    n, b = 200, 16
+    w, k, v = random_rows(r, n)
+    born = np.arange(n, dtype=np.int32)
+    mem = memory.from_rows(w, k, v, born, capacity=512)
+    keep = np.ones(512, bool)
+    keep[r.choice(n, n_leave, replace=False)] = False
+    mask = r.random(b) < 0.7
+    cw, ck, cv = random_rows(r, b)
+    out, _ = memory.evict_and_append(mem, jnp.asarray(keep), cw, ck, cv, 1000, jnp.asarray(mask))
+    m = int(out.size)
+    kept = np.flatnonzero(keep[:n])
+    assert m == len(kept) + mask.sum()
+    want_k = np.concatenate([k[kept], ck[mask]])
+    want_born = np.concatenate([born[kept], np.full(mask.sum(), 1000)])
+    got_k, got_born = np.asarray(out.k)[:m], np.asarray(out.born)[:m]
+    order_got, order_want = np.lexsort(got_k.T[::-1]), np.lexsort(want_k.T[::-1])
+    np.testing.assert_array_equal(got_k[order_got], want_k[order_want])
+    np.testing.assert_array_equal(got_born[order_got], want_born[order_want])
+    w_all, v_all = np.concatenate([w[kept], cw[mask]]), np.concatenate([v[kept], cv[mask]])
+    np.testing.assert_array_equal(np.asarray(out.w)[:m][order_got], w_all[order_want])
+    np.testing.assert_array_equal(np.asarray(out.v)[:m][order_got], v_all[order_want])
+    assert_padding_zero(out)
+
+
+def test_the_evicting_update_copies_no_row_table():
+    """Eviction + append compiled with the memory donated touches only the rows that change:
+    XLA's program holds no copy of a (C, d) table (a lax.cond between an in-place and a
+    compacting path made it copy every table on every step)."""
+    r = np.random.default_rng(0)
+    w, k, v = random_rows(r, 300, d_in=64, d_out=64)
+    mem = memory.from_rows(w, k, v, np.arange(300, dtype=np.int32), capacity=1024)
+    cw, ck, cv = random_rows(r, 16, d_in=64, d_out=64)
+    step = jax.jit(lambda m, keep: memory.evict_and_append(m, keep, cw, ck, cv, 7, jnp.ones(16, bool))[0],
+                   donate_argnums=0)
+    hlo = step.lower(mem, jnp.ones(1024, bool)).compile().as_text()
+    copies = [line for line in hlo.splitlines() if " copy(" in line and "[1024,64]" in line]
+    assert not copies, copies[:3]
+
+
+def test_keep_freed_memory_stops_the_page_faults_of_reallocating_large_buffers():
+    """growmem.runtime.keep_freed_memory (glibc): a 50 MB buffer freed and allocated again costs
+    page faults every time without it (malloc unmaps it), none with it. Run in a fresh process:
+    the setting is process-wide."""
+    import subprocess
+    import sys
+    code = """
+import resource, sys, numpy as np
+from growmem.runtime import keep_freed_memory
+if sys.argv[1] == "on":
+    assert keep_freed_memory()["applied"]
+def cycle():
+    a = np.ones((16384, 784), np.float32); del a
+cycle()
+r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10): cycle()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 10)
+"""
+    faults = {mode: float(subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True,
+                                         check=True).stdout) for mode in ("off", "on")}
+    assert faults["off"] > 100 and faults["on"] < 10, faults
+    import os
+    env = dict(os.environ, GROWMEM_MALLOC="system")
+    out = subprocess.run([sys.executable, "-c", "from growmem.runtime import keep_freed_memory as k; print(k())"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    assert "'applied': False" in out and "GROWMEM_MALLOC=system" in out
+
+
+def test_exec_with_huge_pages_reexecutes_with_the_tunable_and_cuts_the_faults_of_new_memory():
+    """growmem.runtime.exec_with_huge_pages: the same command line runs again with glibc's
+    hugetlb tunable added to the ones already set; 256 MB of fresh malloc memory then faults per
+    2 MiB page instead of per 4 KiB page. GROWMEM_MALLOC=system, or a tunable already set, keeps
+    the process as it is (no re-exec loop)."""
+    import os
+    import subprocess
+    import sys
+
+    from growmem import runtime
+    code = """
+import ctypes, os, resource, sys
+from growmem.runtime import exec_with_huge_pages
+exec_with_huge_pages()
+libc = ctypes.CDLL("libc.so.6"); libc.malloc.restype = ctypes.c_void_p
+n = 256 << 20
+r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+p = libc.malloc(n); ctypes.memset(p, 1, n)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0, os.environ.get("GLIBC_TUNABLES"), sys.argv[1:])
+"""
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", code, "a", "b"], capture_output=True, text=True, check=True,
+                             env={**{k: v for k, v in os.environ.items()
+                                     if k not in ("GLIBC_TUNABLES", runtime.REEXEC_MARK)}, **env}).stdout.split(" ", 2)
+        return int(out[0]), out[1], out[2].strip()
+
+    off_faults, off_tun, _ = run(GROWMEM_MALLOC="system", GLIBC_TUNABLES="glibc.malloc.arena_max=4")
+    assert off_tun == "glibc.malloc.arena_max=4" and off_faults > 60_000    # 65,536 pages of 4 KiB
+    with open(runtime.THP_SETTING) as f:
+        thp = f.read()
+    if "[never]" in thp:    # the kernel has no huge pages for us: nothing to gain, so no re-exec
+        assert runtime.huge_pages_env({}) is None
+        return
+    faults, tun, argv = run(GLIBC_TUNABLES="glibc.malloc.arena_max=4")
+    assert tun == "glibc.malloc.arena_max=4:glibc.malloc.hugetlb=1" and argv == "['a', 'b']"
+    assert faults < off_faults / 20, (faults, off_faults)
+    # already set by the user: left alone
+    assert runtime.huge_pages_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None
+    assert runtime.huge_pages_env({runtime.REEXEC_MARK: "1"}) is None
+
+
+def test_appending_to_a_bfloat16_memory_stores_the_rounded_rows_exactly():
+    """bf16 tables are written through their uint16 bits: the stored rows are numpy's
+    bfloat16 rounding of the candidates, the other rows untouched."""
+    r = np.random.default_rng(5)
+    w, k, v = random_rows(r, 40)
+    mem = memory.from_rows(w, k, v, capacity=256, row_dtype="bfloat16")
+    cw, ck, cv = random_rows(r, 8)
+    mask = np.array([1, 0, 1, 1, 0, 1, 1, 1], bool)
+    out = jax.jit(lambda m: memory.append(m, cw, ck, cv, 3, jnp.asarray(mask)))(mem)
+    assert out.k.dtype == jnp.bfloat16 and int(out.size) == 46
+    want_k = np.concatenate([k, ck[mask]]).astype(jnp.bfloat16)
+    want_v = np.concatenate([v, cv[mask]]).astype(jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(out.k)[:46], want_k)
+    np.testing.assert_array_equal(np.asarray(out.v)[:46], want_v)
+    assert_padding_zero(out)

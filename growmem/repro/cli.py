@@ -56,6 +56,9 @@ def cmd_repro(args) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from . import core, listing, names, run
 
+    if not (args.list or args.table):
+        from ..runtime import keep_freed_memory
+        keep_freed_memory()     # no page faults for the large buffers XLA allocates every step
     if args.list:
         print(listing())
         return 0
