@@ -284,3 +284,58 @@ class ParametricSoftmax(nn.Module):
         # a parametric layer: every key is a trained parameter, so plain (unchunked) softmax
         a = (q @ k.T) / (self.temperature * math.sqrt(q.shape[-1]))
         return jax.nn.softmax(a, axis=-1) @ v
+
+
+class ViT(nn.Module):
+    """The vision transformer of App. F.11 (Tables 15, 16): non-overlapping ``patch × patch``
+    patches embedded to ``d_e``, a CLS token, learned positional embeddings, ``n_blocks`` pre-LN
+    blocks ``x ← x + MHA(LN(x))``, ``x ← x + FFN(LN(x))``, a final LayerNorm and a linear readout
+    on the CLS token.
+
+    ``ffn=None``: the standard FFN, ``Dense(d_e → blowup·d_e) → GELU → Dense(→ d_e)``. ``ffn`` a
+    :class:`GrowingSpec`: every block's FFN is one growing layer of that spec (Table 16's growing
+    weighted softmax, Alg. 3) applied to every token — each image adds ``tokens`` rows per block.
+    Attention, norms, embeddings and readout stay parameters (trained by the trainer's ``tx``).
+    Inputs are flattened images of ``image_shape`` (H, W, C).
+    """
+
+    d_out: int
+    image_shape: Sequence[int]
+    patch: int = 4
+    d_e: int = 128
+    heads: int = 8
+    n_blocks: int = 2
+    blowup: int = 4
+    ffn: Optional[GrowingSpec] = None
+    capacity: int = DEFAULT_CAPACITY
+
+    @nn.compact
+    def __call__(self, x):
+        h, w, c = (int(v) for v in self.image_shape)
+        p = self.patch
+        if x.ndim != 2 or x.shape[-1] != h * w * c:
+            raise ValueError(f"ViT: expected flattened images of shape (B, {h * w * c}) for image_shape "
+                             f"{tuple(self.image_shape)}, got {x.shape}")
+        if h % p or w % p:
+            raise ValueError(f"ViT: patch {p} does not tile a {h}x{w} image; pick a divisor of both")
+        if self.d_e % self.heads:
+            raise ValueError(f"ViT: d_e = {self.d_e} is not divisible by heads = {self.heads}")
+        b = x.shape[0]
+        img = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+        tok = nn.Dense(self.d_e, name="patch_embed")(img.reshape(b, (h // p) * (w // p), p * p * c))
+        cls = self.param("cls", nn.initializers.zeros, (1, 1, self.d_e))
+        e = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, self.d_e)), tok], axis=1)
+        e = e + self.param("pos", nn.initializers.normal(0.02), e.shape[1:])
+        n = e.shape[1]
+        for i in range(self.n_blocks):
+            a = nn.LayerNorm(name=f"ln_attn_{i}")(e)
+            e = e + nn.MultiHeadDotProductAttention(num_heads=self.heads, name=f"attn_{i}")(a, a)
+            f = nn.LayerNorm(name=f"ln_ffn_{i}")(e)
+            if self.ffn is None:
+                f = nn.Dense(self.d_e, name=f"ffn_out_{i}")(nn.gelu(nn.Dense(self.blowup * self.d_e,
+                                                                             name=f"ffn_in_{i}")(f)))
+            else:   # one growing layer over every token of the batch: (B·n, d_e) queries
+                f = GrowingLayer(self.ffn, self.d_e, self.capacity, name=f"ffn_{i}")(
+                    f.reshape(b * n, self.d_e)).reshape(b, n, self.d_e)
+            e = e + f
+        return nn.Dense(self.d_out, name="readout")(nn.LayerNorm(name="ln_final")(e)[:, 0])

@@ -99,6 +99,32 @@ def layer_key(path) -> str:
     return "/".join(path)
 
 
+def rows_per_input(model, variables, x) -> Dict[tuple, int]:
+    """``{layer path: rows per input}``: how many candidate rows each growing layer proposes for
+    one input of ``x`` (1 for an MLP; a ViT's FFN sees every token of an image). Abstract: no
+    compute, only shapes."""
+    return _probe(model, variables, x)[1]
+
+
+def _probe(model, variables, x):
+    """One abstract forward pass of ``x``: ``(output shape-dtype, rows per input)``."""
+    x = jnp.asarray(x)
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise ValueError(f"need a non-empty batch of inputs to size the memories, got shape {x.shape}")
+    varis = {k: v for k, v in variables.items() if k not in ("intermediates", "perturbations")}
+    out, upd = jax.eval_shape(lambda: model.apply(varis, x, mutable=["intermediates"]))
+    inter = flatten_dict(flax.core.unfreeze(upd.get("intermediates", {})))
+    per_input = {}
+    for path in memories(varis):
+        q = inter.get(path + ("q",))
+        n = 1 if q is None else int(q[0].shape[0])
+        if q is not None and n % x.shape[0]:
+            raise ValueError(f"layer {layer_key(path)} proposes {n} rows for a batch of {x.shape[0]} inputs: "
+                             f"a growing layer must see a whole number of queries per input")
+        per_input[path] = max(1, n // x.shape[0]) if q is not None else 1
+    return out, per_input
+
+
 def _row_params(mem: memlib.Memory) -> dict:
     return {"w": mem.w, "k": mem.k, "v": mem.v}
 
@@ -250,6 +276,9 @@ class Trainer:
     candidate). ``backend``: where the rows live (:mod:`growmem.backends`: ``RAM()`` by default,
     ``Sharded(mesh)``, ``Tiered(directory, ram_budget_bytes=...)``, or
     ``Sharded(mesh, tiered=...)``), one for all layers or a dict per layer.
+    A growing layer may see several queries per input (a ViT's FFN sees every token): each
+    memory makes room for ``B ×`` its rows per input a step (:func:`rows_per_input`, read from
+    the sown query shapes of ``sample_input``, else of the first batch).
     ``donate``: each step consumes the previous ``trainer.state`` so rows are appended in
     place instead of copying every memory; keep a copy (``jax.tree.map(jnp.copy,
     trainer.state)``) to step again from an old state, or pass ``donate=False``.
@@ -272,10 +301,10 @@ class Trainer:
         variables = flax.core.unfreeze(variables)
         #: width of the model's output (the classes of a cross-entropy loss)
         self.d_out = None
+        #: rows each growing layer adds per input (1 for an MLP; a transformer's tokens per image)
+        self._per_input = None
         if sample_input is not None:
-            out = jax.eval_shape(lambda: model.apply({k: v for k, v in variables.items()
-                                                      if k not in ("intermediates", "perturbations")},
-                                                     jnp.asarray(sample_input)))
+            out, self._per_input = _probe(model, variables, sample_input)
             self.d_out = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 else None
         params = variables.pop("params", {})
         variables.pop("intermediates", None)
@@ -302,6 +331,9 @@ class Trainer:
                                 opt_state=opt_state, policy_state=policy_state or None)
         self.state = self._place(self.state)
         self._bound = {p: backends.of(m).fill(m) for p, m in mems.items()}
+        #: a capacity policy's max_rows: no step leaves more rows (its evictions make the room)
+        self._limit = {p: m.policy.max_rows for p, m in mems.items()
+                       if m.policy is not None and m.policy.max_rows is not None}
         # two programs: gradients (reads the state), then the update (consumes it, so rows are appended
         # in place); in one program XLA would copy every row table before the append (train_step)
         self._grads = jax.jit(functools.partial(step_gradients, model, self.loss_fn))
@@ -369,13 +401,15 @@ class Trainer:
         after = self.cold_rows()
         return {k: before[k] - after[k] for k in before}
 
-    def ensure_capacity(self, extra: int):
-        """Let every memory's backend make room for ``extra`` more rows (syncs only when needed:
-        growing the capacity, spilling to disk)."""
+    def ensure_capacity(self, batch: int):
+        """Let every memory's backend make room for the rows a batch of ``batch`` inputs adds
+        (``batch`` times the layer's rows per input: 1 for an MLP, the tokens of a transformer);
+        syncs only when needed: growing the capacity, spilling to disk."""
         changed, old_caps = {}, {}
         for path, mem in self.memories().items():
             be = backends.of(mem)
-            new, exact = be.prepare(mem, extra, self._bound[path], self.growth)
+            extra = batch * self._rows_per(path)
+            new, exact = be.prepare(mem, extra, self._bound[path], self.growth, limit=self._limit.get(path))
             if exact is not None:
                 self._bound[path] = exact
             if new is not mem:
@@ -422,12 +456,17 @@ class Trainer:
         self.check_batch(x, y)
         x = jnp.asarray(x)
         b = x.shape[0]
+        if self._per_input is None:
+            self._per_input = rows_per_input(self.model, self.variables, x)
         self.ensure_capacity(b)
         grads = self._grads(self.state, self._input(x), self._input(jnp.asarray(y)))
         self.state, metrics = self._apply(self.state, grads, b)
         for path in self._bound:
-            self._bound[path] += b
+            self._bound[path] = _capped(self._bound[path] + b * self._rows_per(path), self._limit.get(path))
         return metrics
+
+    def _rows_per(self, path) -> int:
+        return 1 if self._per_input is None else self._per_input.get(path, 1)
 
     def _input(self, x):
         be = next((b for b in self.backends.values() if b.n_shards > 1), None)
@@ -441,6 +480,10 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # the training loop
+
+
+def _capped(n: int, limit: Optional[int]) -> int:
+    return n if limit is None else min(n, int(limit))
 
 
 def epoch_order(rng, epoch: int, n: int) -> np.ndarray:
