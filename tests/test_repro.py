@@ -13,7 +13,7 @@ import pytest
 
 import growmem.repro as repro
 from growmem.cli import main
-from growmem.repro import single_pass
+from growmem.repro import multi_epoch, single_pass
 
 NAMES = repro.names()
 
@@ -117,10 +117,44 @@ def _check_learned_temperature(s, cfg):
     assert isinstance(s["claim_reproduced"], bool)
 
 
-CHECKS = {"single-pass": _check_single_pass, "hybrid-capacity": _check_hybrid_capacity,
+def _check_multi_epoch(s, cfg):
+    models = set(multi_epoch.MODELS)
+    assert set(s["accuracy"]) == set(s["test_accuracy_by_epoch"]) == set(s["train_loss_by_epoch"]) == models
+    _fractions(s["accuracy"], "accuracy")
+    for m in models:
+        by_epoch = s["test_accuracy_by_epoch"][m]
+        assert len(by_epoch) == cfg["epochs"] == len(s["train_loss_by_epoch"][m]), m
+        for a in by_epoch:
+            _fraction(a, f"test_accuracy_by_epoch.{m}")
+        assert by_epoch[-1] == s["accuracy"][m]    # the last epoch's evaluation is the whole test set
+        assert all(math.isfinite(v) and v >= 0 for v in s["train_loss_by_epoch"][m]), m
+    # a growing net stores every sample once per epoch in each of its L + 1 layers, after its D0 rows
+    # (GWS: B random rows, F.3; RBF: none)
+    seen = cfg["epochs"] * (cfg["n_train"] // cfg["batch"]) * cfg["batch"]
+    d0 = {"weighted_softmax": cfg["batch"], "rbf": 0}
+    assert s["rows"] == {m: (cfg["growing_n_blocks"] + 1) * (d0[m] + seen) for m in multi_epoch.GROWING}
+    for k in ("accuracy_claim", "loss_claim", "claim_reproduced"):
+        assert isinstance(s[k], bool), k
+
+
+def _check_vit_ffn(s, cfg):
+    assert set(s["accuracy"]) == {"vit", "gws_vit"}
+    _fractions(s["accuracy"], "accuracy")
+    # every block stores its D0 (B random rows) and one row per token of every image it saw
+    h, w, _ = cfg["image_shape"]
+    tokens = (h // cfg["patch"]) * (w // cfg["patch"]) + 1
+    assert s["tokens"] == tokens
+    seen = (cfg["n_train"] // cfg["batch"]) * cfg["batch"]
+    assert s["rows"] == {f"ffn_{i}": cfg["batch"] + seen * tokens for i in range(cfg["n_blocks"])}
+    assert s["params"]["gws_vit"] < s["params"]["vit"]       # the FFNs hold no parameters
+    assert isinstance(s["claim_reproduced"], bool)
+
+
+CHECKS = {"single-pass": _check_single_pass, "multi-epoch": _check_multi_epoch, "hybrid-capacity": _check_hybrid_capacity,
           "newton-steps": _check_newton_steps, "depth-temperature": _check_depth_temperature,
           "parametric-gap": _check_parametric_gap, "delta-decay": _check_delta_decay,
-          "teacher-student": _check_teacher_student, "learned-temperature": _check_learned_temperature}
+          "teacher-student": _check_teacher_student, "learned-temperature": _check_learned_temperature,
+          "vit-ffn": _check_vit_ffn}
 
 
 def test_every_experiment_has_a_check():

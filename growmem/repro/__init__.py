@@ -27,6 +27,7 @@ from .core import (DEFAULT_OUT, PRESETS, Experiment, ReproError, UnknownExperime
 #: experiment name -> module (imported on first use)
 MODULES = {
     "single-pass": "single_pass",
+    "multi-epoch": "multi_epoch",
     "depth-temperature": "depth_temperature",
     "parametric-gap": "parametric_gap",
     "hybrid-capacity": "hybrid_capacity",
@@ -34,6 +35,7 @@ MODULES = {
     "delta-decay": "delta_decay",
     "teacher-student": "teacher_student",
     "learned-temperature": "learned_temperature",
+    "vit-ffn": "vit_ffn",
 }
 
 __all__ = ["MODULES", "PRESETS", "Experiment", "ReproError", "UnknownExperimentError", "UnknownPresetError",

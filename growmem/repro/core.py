@@ -419,6 +419,11 @@ def ordering(values: Dict[str, Optional[float]], winners: Sequence[str], losers:
     return min(w) > max(l) if higher else max(w) < min(l)
 
 
+def verdict(ok) -> str:
+    """The README table's word for a claim's ordering."""
+    return "reproduced" if ok else "NOT reproduced"
+
+
 def pct(x: Optional[float], digits: int = 2) -> str:
     return "n/a" if x is None else f"{100 * x:.{digits}f} %"
 

@@ -124,7 +124,7 @@ def table(doc):
              "CIFAR-10, 2000 epochs: plain SGD 67 %, Delta decay 74 %; weight decay marginal",
              f"{s['dataset']}, {s['epochs']} epochs: plain {core.pct(t['plain'])}, Delta {core.pct(t['delta'])} "
              f"({s['best_hyper']['delta']}), weight decay {core.pct(t['weight_decay'])} ({s['best_hyper']['weight_decay']})"
-             f" — {'reproduced' if s['claim_reproduced'] else 'NOT reproduced'}")]
+             f" — {core.verdict(s['claim_reproduced'])}")]
 
 
 EXPERIMENT = Experiment(

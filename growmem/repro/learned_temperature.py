@@ -128,7 +128,7 @@ def table(doc):
              f"{s['dataset']} one pass: learned (start T={s['init']:g}) {core.pct(s['accuracy']['learned'])} "
              f"[T: {temps}] vs best swept T={s['best_swept_T']:g} {core.pct(s['accuracy']['best_swept'])}"
              + (f"; {others}" if others else "")
-             + f" — {'reproduced' if s['claim_reproduced'] else 'NOT reproduced'}")]
+             + f" — {core.verdict(s['claim_reproduced'])}")]
 
 
 EXPERIMENT = Experiment(

@@ -133,7 +133,7 @@ def table(doc):
     c = s.get("claim_reproduced")
     return [("Mesa: 5 Newton–Schulz steps fall short, 10 steps match the exact inverse (Table 8)",
              "CIFAR-10: 5 → 69.14 %, 10 → 71.30 %, exact → 71.24 %; CIFAR-100: 41.49 / 43.23 / 43.19 %",
-             f"{s['dataset']}: {got} — {'reproduced' if c else 'NOT reproduced'}")]
+             f"{s['dataset']}: {got} — {core.verdict(c)}")]
 
 
 EXPERIMENT = Experiment(

@@ -114,7 +114,7 @@ def table(doc):
              f"{s['dataset']}: gap GWS {100 * g['gws']:.1f} pts vs parametric {100 * g['parametric_softmax']:.1f} pts "
              f"(after epoch 1: {100 * s['gap_first']['parametric_softmax']:.1f}); test GWS {core.pct(p['gws'])} vs "
              f"parametric {core.pct(p['parametric_softmax'])} — "
-             f"{'reproduced' if s['claim_reproduced'] else 'NOT reproduced'} ({', '.join(k for k, v in s['claims'].items() if not v) or 'all parts hold'}"
+             f"{core.verdict(s['claim_reproduced'])} ({', '.join(k for k, v in s['claims'].items() if not v) or 'all parts hold'}"
              f"{' fail' if not s['claim_reproduced'] else ''})")]
 
 

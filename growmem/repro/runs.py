@@ -27,6 +27,18 @@ from ..train import Trainer, cross_entropy, fit
 from .core import Context, Images, LossWatch, accuracy, batches_for
 
 
+def preset_trainer(cfg: dict, data: Images, name: str):
+    """``(preset, trainer)``: the shipped growing preset ``name`` for ``data`` (its first batch
+    initialises the model), with ``cfg["growing_n_blocks"]`` blocks when set."""
+    import dataclasses
+
+    from .. import config
+    pre = config.load(name)
+    if cfg.get("growing_n_blocks") is not None:
+        pre = dataclasses.replace(pre, n_blocks=int(cfg["growing_n_blocks"]))
+    return pre, pre.trainer(data.x[:cfg["batch"]], data.classes, rng=jax.random.key(cfg["seed"]))
+
+
 def _curve_every(steps: int, points: int) -> int:
     return max(1, steps // max(points, 1))
 
@@ -172,11 +184,16 @@ def run_parametric(ctx: Context, model, tx, data: Images, *, batch: int, epochs:
     loss = np.asarray(jax.device_get(losses), np.float64)
     final_fn = final
     final = accuracy(lambda x: predict(params, jnp.asarray(x)), data.xt, data.yt)
-    n_params = int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+    n_params = count_params(params)
     extra = final_fn(params, opt_state) if final_fn is not None else {}
     return {**extra, "accuracy": final, "params": n_params, "seconds": seconds, "steps": steps, "samples": steps * batch,
             "curve": curve, "train_curve": train_curve if train_accuracy else None,
             "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+
+
+def count_params(params) -> int:
+    """Number of scalars in a parameter tree."""
+    return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
 
 
 def residual_mlp(cfg: dict, data: Images):

@@ -19,14 +19,13 @@ reused instead of training those models again (``sources`` says which).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from .. import classical, config
+from .. import classical
 from . import core, runs
 from .core import Context, Experiment, images_for
 
@@ -115,12 +114,8 @@ def _benchmark_runs(cfg, data) -> dict:
 
 
 def _growing(ctx, cfg, data, name):
-    b = cfg["batch"]
-    pre = config.load(name)
-    if cfg.get("growing_n_blocks") is not None:
-        pre = dataclasses.replace(pre, n_blocks=int(cfg["growing_n_blocks"]))
-    tr = pre.trainer(data.x[:b], data.classes, rng=jax.random.key(cfg["seed"]))
-    r = runs.run_growing(ctx, tr, data, batch=b, epochs=1, seed=cfg["seed"], label=name)
+    pre, tr = runs.preset_trainer(cfg, data, name)
+    r = runs.run_growing(ctx, tr, data, batch=cfg["batch"], epochs=1, seed=cfg["seed"], label=name)
     r["preset"] = {"name": name, "description": pre.description, "n_blocks": pre.n_blocks}
     return r
 
@@ -252,7 +247,7 @@ def table(doc):
              "CIFAR-10: GWS 59.4 %, RBF 58.8 %, gauge 58.4 % (G.2); every MLP lower (Fig. 2/Right)",
              f"{growing}; best MLP {best} {core.pct(acc.get(best))}; "
              f"kNN {core.pct(acc.get('knn'))}, kernel ridge {core.pct(acc.get('kernel_ridge'))} — "
-             f"{'reproduced' if s.get('claim_reproduced') else 'NOT reproduced'}")]
+             f"{core.verdict(s.get('claim_reproduced'))}")]
     for m, b in (s.get("bar") or {}).items():
         rows.append((f"{m} one pass over MNIST, B = 16, L = 2, within ± 0.5 points of the reference implementation",
                      f"reference implementation on this machine: {core.pct(b['reference'])}",
