@@ -191,7 +191,12 @@ def _fd_grad(f, arrays, idx, eps=1e-6):
 
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
-def test_gradients_match_finite_differences_of_formula(ref, name):
+@pytest.mark.parametrize("keep_scores,chunk", [(True, 2), (True, 3), (False, 3)])
+def test_gradients_match_finite_differences_of_formula(ref, name, keep_scores, chunk, monkeypatch):
+    # keep_scores: the backward pass reads the scores the forward pass kept; else it computes them
+    # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 8 rows: a shifted-back last chunk
+    monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
+    assert kernels.keeps_scores(3, 8) is keep_scores
     r = np.random.default_rng(6)
     b, n, d_in, d_out, pad = 3, 5, 4, 2, 3
     q = r.normal(size=(b, d_in))
@@ -204,13 +209,13 @@ def test_gradients_match_finite_differences_of_formula(ref, name):
         return float(np.sum(proj * call_ref(ref, name, q, k, v, w)))
 
     with jax.enable_x64(True):
-        # padded rows past `size` (they must get zero gradient) and chunk=2 < n
+        # padded rows past `size` (they must get zero gradient) and chunk < n
         kp = jnp.asarray(np.concatenate([k, r.normal(size=(pad, d_in))]))
         vp = jnp.asarray(np.concatenate([v, r.normal(size=(pad, d_out))]))
         wp = jnp.asarray(np.concatenate([w, r.uniform(0.2, 1.5, pad)]))
 
         def loss(q, k, v, w):
-            return jnp.sum(jnp.asarray(proj) * call(name, q, k, v, w, size=n, chunk=2))
+            return jnp.sum(jnp.asarray(proj) * call(name, q, k, v, w, size=n, chunk=chunk))
 
         grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(q), kp, vp, wp)
         grads = [np.asarray(g) for g in grads]
