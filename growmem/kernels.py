@@ -51,6 +51,8 @@ DEFAULT_CHUNK = 8192
 CHUNK_BYTES = 32 << 20
 #: the forward pass keeps its (B, N) scores for the backward pass up to this size (:func:`keeps_scores`)
 SCORE_BYTES = 64 << 20
+#: the rows after the last whole chunk are read in chunks this many times smaller (:func:`_fold_chunks`)
+TAIL_SPLIT = 8
 #: never fewer rows per chunk than this (unless ``chunk`` asks for it): per-chunk overhead
 MIN_CHUNK_ROWS = 128
 #: rows per chunk of the novelty (minimum distance) search
@@ -243,31 +245,39 @@ def chunk_rows(chunk: int, *rows: jax.Array) -> int:
 
 
 def _fold_chunks(fn, carry, arrays: Sequence[Optional[jax.Array]], n: int, size, chunk: int):
-    """``carry = fn(carry, start, chunks, valid)`` over the chunks ``[i·chunk, (i+1)·chunk)``
-    holding rows below ``size`` (a dynamic trip count). The last chunk of a capacity that is
-    not a multiple of ``chunk`` is shifted back to stay in bounds; its overlap is masked."""
+    """``carry = fn(carry, start, chunks, valid)`` over the rows below ``size`` (dynamic trip
+    counts): whole chunks of ``chunk`` rows, then the rest in chunks of ``chunk //``
+    :data:`TAIL_SPLIT` rows, so fewer than that many rows past ``size`` are read. A tail
+    chunk that would cross the end of the table is shifted back to stay in bounds; its
+    overlap is masked."""
     if n == 0:
         return carry
-    if n <= chunk:
+    tail = max(chunk // TAIL_SPLIT, 1)
+    if n <= tail:
         return fn(carry, 0, arrays, jnp.arange(n) < size)
-    ragged = n % chunk != 0
     # bfloat16 rows cross the loop as their uint16 bits: XLA's CPU backend otherwise widens the
     # whole table to float32 before the loop (one full f32 copy per call), and the halved bytes
     # that bf16 rows are for are read twice over instead
     bits = [a is not None and a.dtype == jnp.bfloat16 for a in arrays]
     arrays = [lax.bitcast_convert_type(a, jnp.uint16) if b else a for a, b in zip(arrays, bits)]
+    used = jnp.minimum(size, n)
 
-    def body(i, carry):
-        lo = i * chunk
-        start = jnp.minimum(lo, n - chunk) if ragged else lo
-        sl = [None if a is None else lax.dynamic_slice_in_dim(a, start, chunk, 0) for a in arrays]
-        sl = [lax.bitcast_convert_type(a, jnp.bfloat16) if b else a for a, b in zip(sl, bits)]
-        idx = start + jnp.arange(chunk, dtype=jnp.int32)
-        valid = (idx >= lo) & (idx < size) if ragged else idx < size
-        return fn(carry, start, sl, valid)
+    def loop(carry, c, base, count):
+        def body(i, carry):
+            lo = base + i * c
+            start = jnp.minimum(lo, n - c)
+            sl = [None if a is None else lax.dynamic_slice_in_dim(a, start, c, 0) for a in arrays]
+            sl = [lax.bitcast_convert_type(a, jnp.bfloat16) if b else a for a, b in zip(sl, bits)]
+            idx = start + jnp.arange(c, dtype=jnp.int32)
+            return fn(carry, start, sl, (idx >= lo) & (idx < size))
 
-    n_used = (jnp.minimum(size, n) + chunk - 1) // chunk
-    return lax.fori_loop(0, n_used, body, carry)
+        return lax.fori_loop(0, count, body, carry)
+
+    base = jnp.zeros((), jnp.int32)
+    if n >= chunk > tail:   # whole chunks: never past the end of the table
+        carry = loop(carry, chunk, base, used // chunk)
+        base = used // chunk * chunk
+    return loop(carry, tail, base, (used - base + tail - 1) // tail)
 
 
 def _widen(a, dtype):

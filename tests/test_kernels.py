@@ -51,12 +51,14 @@ def make_rows(seed, b=5, n=37, d_in=6, d_out=3):
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
 def test_chunked_equals_unchunked_and_numpy_formula(ref, name):
-    # N = 37 is not a multiple of the chunk: the last chunk is shifted back and overlaps
+    # N = 37 is not a multiple of the chunk: whole chunks, then tail chunks of chunk // TAIL_SPLIT
+    # rows (chunk 16: 2-row tail chunks, the last shifted back to overlap; 24: 3-row ones)
+    assert kernels.TAIL_SPLIT == 8
     q, k, v, w = make_rows(0)
     expect = call_ref(ref, name, q, k, v, w)
     whole = np.asarray(jcall(name, q, k, v, w, chunk=4096))   # one chunk: no scan
     np.testing.assert_allclose(whole, expect, rtol=2e-5, atol=2e-5)
-    for chunk in (1, 8):
+    for chunk in (1, 8, 16, 24):
         got = np.asarray(jcall(name, q, k, v, w, chunk=chunk))
         np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-6, err_msg=f"chunk={chunk}")
         np.testing.assert_allclose(got, expect, rtol=2e-5, atol=2e-5, err_msg=f"chunk={chunk}")
@@ -194,7 +196,8 @@ def _fd_grad(f, arrays, idx, eps=1e-6):
 @pytest.mark.parametrize("keep_scores,chunk", [(True, 2), (True, 3), (False, 3)])
 def test_gradients_match_finite_differences_of_formula(ref, name, keep_scores, chunk, monkeypatch):
     # keep_scores: the backward pass reads the scores the forward pass kept; else it computes them
-    # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 8 rows: a shifted-back last chunk
+    # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 5 of 8 rows: a whole chunk, then
+    # 1-row tail chunks
     monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
     assert kernels.keeps_scores(3, 8) is keep_scores
     r = np.random.default_rng(6)
@@ -321,3 +324,27 @@ def test_bfloat16_rows_over_many_chunks_equal_the_same_values_in_float32(name):
     (l32, y32), g32 = jax.value_and_grad(out, has_aux=True)(q, k16.astype(jnp.float32), v16.astype(jnp.float32))
     np.testing.assert_allclose(np.asarray(y16), np.asarray(y32), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g16), np.asarray(g32), rtol=1e-5, atol=1e-7)
+
+
+
+@pytest.mark.parametrize("name", KERNEL_NAMES)
+@pytest.mark.parametrize("keep_scores", [True, False])
+@pytest.mark.parametrize("size", [37, 30])
+def test_gradients_over_whole_and_shifted_tail_chunks_equal_one_chunk(name, keep_scores, size, monkeypatch):
+    # chunk 24 over 37 rows: one whole chunk, then 3-row tail chunks, the last shifted back to rows
+    # 34-36 (its first row masked) when all 37 rows are in use. One chunk over the whole table (no
+    # loop) is the independent computation: test_gradients_match_finite_differences_of_formula checks it
+    monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
+    q, k, v, w = (jnp.asarray(a) for a in make_rows(4))
+    proj = jnp.asarray(np.random.default_rng(5).normal(size=(q.shape[0], v.shape[1])), jnp.float32)
+
+    def grads(chunk):
+        def loss(q, k, v, w, t):
+            kern = kernels.get(name)
+            y = kernels.retrieve(kern, q, k, v, w if kern.normalised else None, temperature=t, size=size,
+                                 chunk=chunk)
+            return jnp.sum(proj * y)
+        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(q, k, v, w, jnp.float32(2.0))
+
+    for g, ref_g, nm in zip(grads(24), grads(4096), ("q", "k", "v", "w", "T")):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(ref_g), rtol=2e-5, atol=2e-6, err_msg=f"d/d{nm}")
