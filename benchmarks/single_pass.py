@@ -19,7 +19,7 @@ run reports:
   steps of the two interleaved;
 * prediction throughput (test images per second) with the full memories.
 
-    python benchmarks/single_pass.py --preset smoke   # seconds (tests)
+    python benchmarks/single_pass.py --preset smoke   # seconds (tests/test_single_pass_benchmark.py)
     python benchmarks/single_pass.py --preset cpu     # all 60,000 images, 10,000 test (~1 h on 2 cores)
     python benchmarks/single_pass.py --preset paper   # the same, every run; for a bigger machine
 

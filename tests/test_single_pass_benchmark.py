@@ -1,0 +1,42 @@
+"""benchmarks/single_pass.py on its smoke preset: the fp32 and capped runs end to end, then a
+--merge of the gauge run into the same JSON (no timing assertions: the machine may be busy)."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(out, runs, *extra):
+    args = [sys.executable, str(ROOT / "benchmarks" / "single_pass.py"), "--preset", "smoke", "--runs", runs,
+            "--out", str(out), *extra]
+    res = subprocess.run(args, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout, json.loads((out / "single_pass.json").read_text())
+
+
+def test_single_pass_smoke_writes_the_floor_the_capped_ratio_and_merges_runs(tmp_path):
+    out, doc = _run(tmp_path, "weighted_softmax,capped")
+    s = doc["summary"]
+    for key in ("wall_s", "accuracy", "floor_s", "ratio_to_floor", "cores_used", "sys_fraction",
+                "minor_faults_per_step"):
+        assert isinstance(s[key], float) and math.isfinite(s[key]) and s[key] >= 0, (key, s.get(key))
+    assert 0 < s["accuracy"] <= 1 and s["floor_s"] > 0
+    # the ratio is the wall time over the floor the same run computed (not a constant)
+    assert math.isclose(s["ratio_to_floor"], s["wall_s"] / s["floor_s"], rel_tol=1e-9)
+    c = s["capped"]
+    assert c["cap"] == 256 and c["ms_per_step"] > 0 and c["uncapped_ms_per_step_same_rows"] > 0
+    assert math.isclose(c["ratio"], c["ms_per_step"] / c["uncapped_ms_per_step_same_rows"], rel_tol=1e-9)
+    assert "ratio to floor" in out and "capped at 256" in out
+    png = tmp_path / "single_pass.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    _, merged = _run(tmp_path, "gauge", "--merge")
+    m = merged["summary"]
+    assert m["wall_s"] == s["wall_s"] and m["capped"] == c            # the first invocation's runs are kept
+    assert 0 < m["gauge"]["accuracy"] <= 1 and m["gauge"]["wall_s"] > 0
+    assert [i["runs"] for i in merged["invocations"]] == [["weighted_softmax", "capped"], ["gauge"]]
