@@ -137,6 +137,17 @@ def finite_rows(rows) -> jax.Array:
     return ok
 
 
+def bad_samples(oks, batch_size: int) -> jax.Array:
+    """``(B,)`` bool: the samples with a non-finite candidate row in any layer. ``oks``: each
+    layer's ``(B · rows per input,)`` finite-row mask, a sample's rows consecutive (layers whose
+    row count is not a multiple of ``B`` are left out)."""
+    bad = jnp.zeros((batch_size,), bool)
+    for ok in oks:
+        if ok.shape[0] % batch_size == 0:
+            bad = bad | ~jnp.all(ok.reshape(batch_size, -1), axis=1)
+    return bad
+
+
 def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None):
     """Steps 3–4 for every growing layer: ``-> (collections, policy_state, dropped)``.
 
@@ -146,22 +157,30 @@ def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=No
     ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows.
 
     A candidate row that is not finite (a NaN or inf input, an overflowing rule) never enters
-    a memory, whatever the policy: ``dropped`` counts them over all layers (int32).
+    a memory, whatever the policy, and neither do the other rows of its sample: a NaN target
+    makes only the rows of the layers its gradient reaches non-finite (none below a memory
+    that is still empty), yet the sample is bad in every layer. ``dropped`` counts the rows
+    refused over all layers (int32).
     """
     inter = flatten_dict(flax.core.unfreeze(intermediates))
     grads = flatten_dict(flax.core.unfreeze(g_tree))
     policy_state = dict(policy_state or {})
     new = {}
     dropped = jnp.zeros((), jnp.int32)
+    layers = []
     for path, mem in memories(collections).items():
-        spec, pol = mem.spec, mem.policy
         q = inter[path + ("q",)][0]
         s = inter[path + ("s",)][0]
         g = grads[path + ("s",)]
-        if spec.grad_unit == "per_sample":
+        if mem.spec.grad_unit == "per_sample":
             g = g * batch_size  # the loss is a batch mean: ∂L/∂s_n = g_n / B
-        rows = spec.candidate_rows(q, s, g)
-        ok = finite_rows(rows)
+        rows = mem.spec.candidate_rows(q, s, g)
+        layers.append((path, mem, rows, finite_rows(rows)))
+    bad = bad_samples([ok for *_, ok in layers], batch_size)
+    for path, mem, rows, ok in layers:
+        pol = mem.policy
+        if ok.shape[0] % batch_size == 0:
+            ok = ok & ~jnp.repeat(bad, ok.shape[0] // batch_size)
         dropped = dropped + jnp.sum(~ok, dtype=jnp.int32)
         key = layer_key(path)
         if pol is None:

@@ -361,3 +361,16 @@ def test_export_targets_that_cannot_be_written(tmp_path):
     assert r.returncode == 0 and f"wrote {tmp_path / 'noext'} " in r.stdout
     assert (tmp_path / "noext").is_file() and (tmp_path / "noext.json").is_file()
     assert "readout/k" in np.load(tmp_path / "noext").files
+
+
+def test_bad_samples_marks_a_sample_bad_in_every_layer_when_one_of_its_rows_is_not_finite():
+    from growmem.train import bad_samples
+    # B = 3; layer a: one row per input; layer b: two rows per input (a transformer's tokens);
+    # layer c: 5 rows, not a multiple of B (left out)
+    a = np.array([True, True, False])
+    b = np.array([True, True, False, True, True, True])
+    c = np.array([False] * 5)
+    got = np.asarray(bad_samples([jnp.asarray(a), jnp.asarray(b), jnp.asarray(c)], 3))
+    want = ~a | ~b.reshape(3, 2).all(axis=1)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got, [False, True, True])

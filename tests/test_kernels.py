@@ -326,7 +326,6 @@ def test_bfloat16_rows_over_many_chunks_equal_the_same_values_in_float32(name):
     np.testing.assert_allclose(np.asarray(g16), np.asarray(g32), rtol=1e-5, atol=1e-7)
 
 
-
 @pytest.mark.parametrize("name", KERNEL_NAMES)
 @pytest.mark.parametrize("keep_scores", [True, False])
 @pytest.mark.parametrize("size", [37, 30])
