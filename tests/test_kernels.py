@@ -50,10 +50,12 @@ def make_rows(seed, b=5, n=37, d_in=6, d_out=3):
 
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
-def test_chunked_equals_unchunked_and_numpy_formula(ref, name):
-    # N = 37 is not a multiple of the chunk: whole chunks, then tail chunks of chunk // TAIL_SPLIT
-    # rows (chunk 16: 2-row tail chunks, the last shifted back to overlap; 24: 3-row ones)
-    assert kernels.TAIL_SPLIT == 8
+@pytest.mark.parametrize("tail_split", [1, 8])
+def test_chunked_equals_unchunked_and_numpy_formula(ref, name, tail_split, monkeypatch):
+    # N = 37 is not a multiple of the chunk. TAIL_SPLIT 1: the last chunk is shifted back and overlaps;
+    # 8: whole chunks, then tail chunks of chunk // 8 rows (chunk 16: 2-row tail chunks, the last
+    # shifted back to overlap; 24: 3-row ones)
+    monkeypatch.setattr(kernels, "TAIL_SPLIT", tail_split)
     q, k, v, w = make_rows(0)
     expect = call_ref(ref, name, q, k, v, w)
     whole = np.asarray(jcall(name, q, k, v, w, chunk=4096))   # one chunk: no scan
@@ -196,8 +198,7 @@ def _fd_grad(f, arrays, idx, eps=1e-6):
 @pytest.mark.parametrize("keep_scores,chunk", [(True, 2), (True, 3), (False, 3)])
 def test_gradients_match_finite_differences_of_formula(ref, name, keep_scores, chunk, monkeypatch):
     # keep_scores: the backward pass reads the scores the forward pass kept; else it computes them
-    # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 5 of 8 rows: a whole chunk, then
-    # 1-row tail chunks
+    # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 5 of 8 rows
     monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
     assert kernels.keeps_scores(3, 8) is keep_scores
     r = np.random.default_rng(6)
@@ -329,11 +330,15 @@ def test_bfloat16_rows_over_many_chunks_equal_the_same_values_in_float32(name):
 @pytest.mark.parametrize("name", KERNEL_NAMES)
 @pytest.mark.parametrize("keep_scores", [True, False])
 @pytest.mark.parametrize("size", [37, 30])
-def test_gradients_over_whole_and_shifted_tail_chunks_equal_one_chunk(name, keep_scores, size, monkeypatch):
-    # chunk 24 over 37 rows: one whole chunk, then 3-row tail chunks, the last shifted back to rows
-    # 34-36 (its first row masked) when all 37 rows are in use. One chunk over the whole table (no
-    # loop) is the independent computation: test_gradients_match_finite_differences_of_formula checks it
+@pytest.mark.parametrize("tail_split", [1, 8])
+def test_gradients_over_whole_and_shifted_tail_chunks_equal_one_chunk(name, keep_scores, size, tail_split,
+                                                                      monkeypatch):
+    # chunk 24 over 37 rows. TAIL_SPLIT 8: one whole chunk, then 3-row tail chunks, the last shifted
+    # back to rows 34-36 (its first row masked) when all 37 rows are in use; 1: two chunks, the second
+    # shifted back to rows 13-36. One chunk over the whole table (no loop) is the independent
+    # computation: test_gradients_match_finite_differences_of_formula checks it
     monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
+    monkeypatch.setattr(kernels, "TAIL_SPLIT", tail_split)
     q, k, v, w = (jnp.asarray(a) for a in make_rows(4))
     proj = jnp.asarray(np.random.default_rng(5).normal(size=(q.shape[0], v.shape[1])), jnp.float32)
 
