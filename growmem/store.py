@@ -18,6 +18,7 @@ saves and restores stores by name (``save(..., stores={"mem": store})``).
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional
 
 import jax
@@ -38,8 +39,9 @@ def _retrieve(mem, q, t):
                                                row_grads=False))
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def _append(mem, w, k, v, born, mask):
+    # the memory is donated: the rows are written into its tables in place, not into a copy of them
     return backends.of(mem).append(mem, w, k, v, born, mask)
 
 
@@ -134,7 +136,10 @@ class Store:
     def append(self, w, k, v, born=None, mask=None):
         """Append candidate rows (``mask`` selects them; ``born`` defaults to ``t + 1``); makes room
         first (grows the capacity, spills to disk). Every process of a sharded store calls it
-        with the same candidates; it returns the shard of each appended row (None unsharded)."""
+        with the same candidates; it returns the shard of each appended row (None unsharded).
+        The rows are written into the tables in place: a ``jax.Array`` taken from ``store.mem``
+        before the call is donated to it and no longer readable (arrays from :meth:`rows`
+        stay valid: while they live, the append copies instead)."""
         k = np.asarray(k)
         b = k.shape[0]
         born = np.broadcast_to(np.asarray(self.t + 1 if born is None else born, np.int32), (b,))

@@ -33,9 +33,13 @@ every shard has its own tier (``directory/<layer>/shard-<s>``) and its own budge
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import errno
+import functools
 import json
 import os
+import sys
 import threading
 import uuid
 from typing import Any, Callable, Dict, Optional
@@ -56,6 +60,69 @@ TIER_FORMAT = "growmem-tier"
 TIER_VERSION = 1
 #: target bytes of one cold chunk (key + value rows) when ``chunk_rows`` is not given
 COLD_CHUNK_BYTES = 16 << 20
+#: whole chunks of a tier in a local folder are read straight from their files (see :func:`read_chunk_file`)
+#: instead of through TensorStore; False reads every chunk through TensorStore
+LOCAL_READS = True
+#: threads that read chunk files (a read of a 16 MiB chunk is one request to the disk: a few in flight keep
+#: it busy while the reads take almost no CPU)
+READ_THREADS = 4
+#: alignment of ``O_DIRECT`` buffers, offsets and lengths (a multiple of every common logical block size)
+DIRECT_ALIGN = 4096
+
+_readers: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_readers_lock = threading.Lock()
+
+
+def _reader_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _readers
+    with _readers_lock:
+        if _readers is None:
+            _readers = concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="growmem-tier-read")
+        return _readers
+
+
+def read_chunk_file(path: str, nbytes: int, direct: bool = True) -> Optional[np.ndarray]:
+    """The first ``nbytes`` of a chunk file as a fresh ``uint8`` array (None if the file does not
+    exist: a chunk never written, or one TensorStore deleted because it held only the fill value).
+
+    With ``direct`` the file is opened with ``O_DIRECT``: the disk writes into the (aligned)
+    buffer and the kernel copies nothing, so a read in flight takes almost no CPU from the
+    retrieval it overlaps. A file system without ``O_DIRECT`` (tmpfs, some network mounts) is
+    read through the page cache instead. Raises ``OSError`` on a short file."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    use_direct = direct and hasattr(os, "O_DIRECT")
+    padded = -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
+    raw = np.empty(padded + DIRECT_ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % DIRECT_ALIGN
+    buf = raw[off:off + padded]
+    try:
+        fd = os.open(path, flags | (os.O_DIRECT if use_direct else 0))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if not (use_direct and e.errno == errno.EINVAL):
+            raise
+        use_direct = False
+        fd = os.open(path, flags)
+    try:
+        got = 0
+        while got < nbytes:
+            try:
+                r = os.preadv(fd, [memoryview(buf)[got:]], got)
+            except OSError as e:
+                if not (use_direct and e.errno == errno.EINVAL):
+                    raise
+                os.close(fd)   # O_DIRECT refused at the first read: read through the page cache
+                use_direct, fd = False, os.open(path, flags)
+                continue
+            if r == 0:
+                break
+            got += r
+    finally:
+        os.close(fd)
+    if got < nbytes:
+        raise OSError(errno.EIO, f"chunk file holds {got} bytes, {nbytes} expected (truncated?)", path)
+    return buf[:nbytes]
 
 
 class TierError(RuntimeError):
@@ -123,6 +190,7 @@ class ColdTier:
         self.read_only = read_only
         self._lock = threading.Lock()
         self._arrays = self._open_arrays(self.generation, create=False)
+        self._local = local_path(url)
 
     def shapes(self):
         return {"w": (), "k": (self.d_in,), "v": (self.d_out,), "born": ()}
@@ -312,7 +380,27 @@ class ColdTier:
 
     # -- reads
     def issue(self, lo: int, hi: int, fields=FIELDS):
+        """Start reading rows ``lo:hi``: ``{field: future}`` (``.result()`` gives the array).
+
+        Rows of one whole chunk of a tier in a local folder are read from the chunk's file
+        (zarr v3, raw little-endian bytes: ``gen-<g>/<field>/c/<chunk>[/0]``) by
+        :func:`read_chunk_file` on a small thread pool — no TensorStore decode and, with
+        ``O_DIRECT``, no copy out of the page cache; anything else goes through TensorStore."""
+        c = self.chunk_rows
+        if (LOCAL_READS and self._local is not None and sys.byteorder == "little" and lo % c == 0
+                and 0 < hi - lo <= c):
+            pool, gen, arrays = _reader_pool(), self.generation, self._arrays
+            return {f: pool.submit(self._read_local, f, lo // c, hi - lo, gen, arrays) for f in fields}
         return {f: self._arrays[f][lo:hi].read() for f in fields}
+
+    def _read_local(self, f: str, j: int, n: int, generation: int, arrays) -> np.ndarray:
+        shape, dt = self.shapes()[f], self.dt(f)
+        path = os.path.join(self._local, f"gen-{generation}", f, "c", str(j), *(("0",) if shape else ()))
+        per_row = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        buf = read_chunk_file(path, self.chunk_rows * per_row)
+        if buf is None:   # never written, or only the fill value: TensorStore knows what it holds
+            return arrays[f][j * self.chunk_rows:j * self.chunk_rows + n].read().result()
+        return buf.view(dt).reshape((self.chunk_rows,) + shape)[:n]
 
     def chunks(self, fields=FIELDS, n: Optional[int] = None, read_ahead: int = 2):
         """Yield ``(rows, n_valid)`` chunks of the first ``n`` cold rows, reads in flight ahead."""
@@ -717,7 +805,7 @@ class Tiered(RAM):
         return int(mem.size)
 
     def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit=None):
-        # limit is not used: a tiered memory refuses capacity policies
+        # the caller's limit is not used: a tiered memory refuses capacity policies
         hot = self.hot_rows_per_layer
         if extra > hot // 2:
             raise ValueError(f"a batch of {extra} rows is more than half the {hot} hot rows the RAM budget allows "
@@ -727,7 +815,9 @@ class Tiered(RAM):
             if exact + extra > hot:
                 return self._spill(mem, exact), None
             bound = exact
-        grown, exact = super().prepare(mem, extra, bound, growth)
+        # the budget caps the geometric growth here, so a growing table is copied once, not grown past the
+        # budget and then cut back (three tables alive at once)
+        grown, exact = super().prepare(mem, extra, bound, growth, limit=hot)
         if grown.capacity > memlib.round_capacity(hot):   # never past the budget
             grown = memlib.with_capacity(grown, max(memlib.round_capacity(hot), int(grown.size) + extra))
         return grown, exact
@@ -743,7 +833,11 @@ class Tiered(RAM):
         host = {f: np.asarray(getattr(mem, f))[:n] for f in FIELDS}
         # a failed write raises TierWriteError with this memory unchanged
         store.spill(host, int(mem.t))
-        moved = _drop_front(mem, jnp.asarray(n, jnp.int32))
+        del host   # views of the tables: the shift below writes into them
+        if exact - n >= c:
+            moved = _shift_front(mem, jnp.asarray(n, jnp.int32), step=c)
+        else:
+            moved = _drop_front(mem, jnp.asarray(n, jnp.int32))
         out = moved.replace(ext={"cold": self._view(view.ref.key, store.rows, mem, c)})
         self._spills[0] += 1
         return out
@@ -949,6 +1043,30 @@ def _allgather_json(sharded, local: Dict[int, dict], mem) -> list:
     for b, n in zip(bufs, sizes):
         out.update(json.loads(bytes(b[:n]).decode()))
     return [out[str(j)] for j in range(s)]
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames=("step",))
+def _shift_front(mem: memlib.Memory, n, *, step: int):
+    """:func:`_drop_front` in place: the memory is donated and rows ``[n, size)`` move to the
+    front ``step`` rows at a time (the last move shifted back to end at ``size``), then rows
+    ``[size − n, size)`` are zeroed; no second table. Needs ``n ≥ step`` and
+    ``size − n ≥ step`` (a move never reads a row an earlier move wrote)."""
+    size = mem.size
+    kept = size - n
+
+    def shift(a):
+        def move(i, a):
+            src = jnp.minimum(n + i * step, size - step)
+            return jax.lax.dynamic_update_slice_in_dim(a, jax.lax.dynamic_slice_in_dim(a, src, step, 0), src - n, 0)
+
+        def clear(i, a):
+            dst = jnp.minimum(kept + i * step, size - step)
+            return jax.lax.dynamic_update_slice_in_dim(a, jnp.zeros((step,) + a.shape[1:], a.dtype), dst, 0)
+
+        a = jax.lax.fori_loop(0, (kept + step - 1) // step, move, a)
+        return jax.lax.fori_loop(0, (n + step - 1) // step, clear, a)
+
+    return mem.replace(**{f: shift(getattr(mem, f)) for f in FIELDS}, size=kept.astype(jnp.int32))
 
 
 @jax.jit
