@@ -156,6 +156,30 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB  # KiB on Linux
 
 
+def reset_peak_rss() -> bool:
+    """Reset ``VmHWM`` to the current RSS (Linux >= 4.0: ``5`` into ``/proc/self/clear_refs``), so
+    :func:`peak_rss_gb` then measures one phase; False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5\n")
+        return True
+    except OSError:
+        return False
+
+
+def raw_read_direct(files, threads: int = 4):
+    """``(bytes, seconds)`` of reading ``files`` with ``O_DIRECT`` (no page cache, no copy out of
+    it), ``threads`` files in flight: what the disk gives when the reader takes no CPU. Files
+    on a file system without ``O_DIRECT`` are read through the page cache."""
+    import concurrent.futures
+    from growmem.backends.tiered import read_chunk_file
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        total = sum(len(b) for b in pool.map(lambda p: read_chunk_file(str(p), os.path.getsize(p)), files))
+    return total, time.perf_counter() - t0
+
+
 def raw_read(files, buf_mb: int = 16):
     """``(bytes, seconds)`` of reading ``files`` sequentially with plain unbuffered reads."""
     buf = bytearray(buf_mb << 20)

@@ -31,3 +31,12 @@ def test_storage_benchmark_smoke_preset_writes_summary_and_plot(tmp_path, name):
     assert (tmp_path / f"{name}.png").stat().st_size > 0
     if name == "spill":
         assert doc["deleted_workdir"] and not list(tmp_path.glob("growmem-spill-*"))
+        s = doc["summary"]
+        assert s["local_reads"] is True and s["peak_rss_build_gb"] > 0 and s["peak_rss_gb"] >= s["peak_rss_build_gb"]
+        if doc["page_cache"]["drop_caches_writable"]:   # root: the cold-cache regime, O_DIRECT and TensorStore runs
+            cold = doc["regimes"]["cold_cache"]
+            assert s["raw_direct_read_gb_per_s"] == cold["raw_direct_read_gb_per_s"] > 0
+            assert abs(s["fraction_of_direct_read"] * s["raw_direct_read_gb_per_s"] - s["achieved_gb_per_s"]) < 1e-9
+            ts = doc["tensorstore_reads"]
+            assert s["tensorstore_reads_fraction"] == ts["fraction"] > 0
+            assert abs(ts["local_reads_speedup"] - ts["retrieval_s"] / cold["retrieval_s"]) < 1e-12

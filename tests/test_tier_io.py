@@ -163,17 +163,19 @@ def test_store_appends_write_into_the_table():
 
 def test_a_tiered_table_grows_to_its_budget_in_one_copy(tmp_path, monkeypatch):
     spec = gm.GrowingSpec.make("weighted_softmax", temperature=1.0, eta=1.0, beta=1.0, chunk=C)
-    hot = 1000
+    hot = 4000
     store = Store.create(spec, D, E, backend=Tiered(tmp_path / "t", ram_budget_bytes=row_bytes(D, E) * hot,
                                                     chunk_rows=C))
     grown = []
     real = memlib.with_capacity
     monkeypatch.setattr(memlib, "with_capacity", lambda mem, c: grown.append(c) or real(mem, c))
     rs = np.random.RandomState(8)
-    for _ in range(20):
+    for _ in range(60):
         b = 100
         store.append(rs.rand(b).astype(np.float32), rs.randn(b, D).astype(np.float32),
                      rs.randn(b, E).astype(np.float32))
     assert store.rows_cold > 0
-    assert grown == sorted(grown) and max(grown) <= hot   # geometric growth, never past the budget, no cut back
-    assert store.mem.capacity == memlib.round_capacity(max(grown)) <= memlib.round_capacity(hot)
+    # geometric growth up to half the budget, then straight to the budget: never past it, no cut back
+    assert grown == sorted(grown) and len(grown) >= 3 and grown[-1] == hot, grown
+    assert all(2 * g <= hot for g in grown[:-1]), grown
+    assert store.mem.capacity == memlib.round_capacity(hot)

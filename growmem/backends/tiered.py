@@ -815,8 +815,11 @@ class Tiered(RAM):
             if exact + extra > hot:
                 return self._spill(mem, exact), None
             bound = exact
-        # the budget caps the geometric growth here, so a growing table is copied once, not grown past the
-        # budget and then cut back (three tables alive at once)
+        # the budget caps the geometric growth, so a growing table is copied once, not grown past the budget
+        # and cut back (three tables alive); one that would grow past half the budget grows to all of it: while
+        # it is copied the old table holds at most half the budget (not up to all of it: twice the budget alive)
+        if mem.capacity * growth > hot / 2:
+            growth = max(growth, hot / max(mem.capacity, 1))
         grown, exact = super().prepare(mem, extra, bound, growth, limit=hot)
         if grown.capacity > memlib.round_capacity(hot):   # never past the budget
             grown = memlib.with_capacity(grown, max(memlib.round_capacity(hot), int(grown.size) + extra))
