@@ -87,11 +87,53 @@ def test_a_file_system_without_o_direct_is_read_through_the_page_cache(tmp_path,
         return real_open(path, flags, *a)
 
     monkeypatch.setattr(os, "open", no_direct)
+    monkeypatch.delattr(os, "RWF_NOWAIT", raising=False)   # nothing from the page cache first
     got = {f: fu.result() for f, fu in tier.issue(0, C).items()}
     if hasattr(os, "O_DIRECT"):
         assert len(refused) == 4
     for f in rows:
         assert np.array_equal(got[f], rows[f])
+
+
+def _opens(monkeypatch):
+    real_open, direct = os.open, []
+
+    def spy(path, flags, *a):
+        direct.append(bool(flags & getattr(os, "O_DIRECT", 0)))
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", spy)
+    return direct
+
+
+@pytest.mark.skipif(not (hasattr(os, "O_DIRECT") and hasattr(os, "RWF_NOWAIT")), reason="Linux only")
+def test_pages_in_the_page_cache_are_copied_from_it_and_the_rest_read_with_o_direct(tmp_path, monkeypatch):
+    n = 3 * C   # k: 3 chunks of C * D * 4 = 6144 bytes: not a multiple of the 4096-byte block
+    tier = ColdTier.create(tmp_path / "t", d_in=D, d_out=E, chunk_rows=n)
+    rows = _rows(n, 9)
+    tier.write(rows)
+    path = str(tmp_path / "t" / "gen-0" / "k" / "c" / "0" / "0")
+    nbytes = rows["k"].nbytes
+    # a chunk just written is in the page cache: copied from it, the disk never asked
+    direct = _opens(monkeypatch)
+    assert np.array_equal(tiered.read_chunk_file(path, nbytes).view(np.float32).reshape(n, D), rows["k"])
+    assert direct == [False]
+    # the page cache holds only the first `cached` bytes: the rest comes with O_DIRECT from an aligned offset
+    real_preadv = os.preadv
+    for cached in (0, 5000, 8192, nbytes):
+        def preadv(fd, bufs, offset, flags=0, cached=cached):
+            if flags & os.RWF_NOWAIT:
+                if offset >= cached:
+                    raise BlockingIOError(errno.EAGAIN, "not cached")
+                view = memoryview(bufs[0])[:cached - offset]
+                return real_preadv(fd, [view], offset)
+            return real_preadv(fd, bufs, offset) if not flags else real_preadv(fd, bufs, offset, flags)
+
+        monkeypatch.setattr(os, "preadv", preadv)
+        direct.clear()
+        got = tiered.read_chunk_file(path, nbytes)
+        assert np.array_equal(got.view(np.float32).reshape(n, D), rows["k"]), cached
+        assert direct == ([False] if cached >= nbytes else [False, True]), (cached, direct)
 
 
 def test_a_truncated_chunk_file_is_an_error_not_zeros(tmp_path):
@@ -179,3 +221,14 @@ def test_a_tiered_table_grows_to_its_budget_in_one_copy(tmp_path, monkeypatch):
     assert grown == sorted(grown) and len(grown) >= 3 and grown[-1] == hot, grown
     assert all(2 * g <= hot for g in grown[:-1]), grown
     assert store.mem.capacity == memlib.round_capacity(hot)
+
+
+def test_the_environment_can_send_every_read_through_tensorstore():
+    import subprocess
+    import sys
+
+    code = "import growmem.backends.tiered as t; print(t.LOCAL_READS)"
+    for value, want in (("tensorstore", "False"), ("TensorStore", "False"), ("local", "True")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "GROWMEM_TIER_READS": value, "JAX_PLATFORMS": "cpu"})
+        assert out.returncode == 0 and out.stdout.strip() == want, (value, out.stdout, out.stderr[-500:])

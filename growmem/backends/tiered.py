@@ -61,8 +61,9 @@ TIER_VERSION = 1
 #: target bytes of one cold chunk (key + value rows) when ``chunk_rows`` is not given
 COLD_CHUNK_BYTES = 16 << 20
 #: whole chunks of a tier in a local folder are read straight from their files (see :func:`read_chunk_file`)
-#: instead of through TensorStore; False reads every chunk through TensorStore
-LOCAL_READS = True
+#: instead of through TensorStore; False (or ``GROWMEM_TIER_READS=tensorstore``) reads every chunk through
+#: TensorStore
+LOCAL_READS = os.environ.get("GROWMEM_TIER_READS", "local").lower() != "tensorstore"
 #: threads that read chunk files (a read of a 16 MiB chunk is one request to the disk: a few in flight keep
 #: it busy while the reads take almost no CPU)
 READ_THREADS = 4
@@ -81,48 +82,74 @@ def _reader_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _readers
 
 
+def _read_into(fd, view, offset: int, nbytes: int, flags: int = 0) -> int:
+    """``preadv`` until ``nbytes`` are in ``view`` (from file ``offset``) or the file ends; the
+    bytes read. With ``RWF_NOWAIT`` it stops at the first page the page cache does not hold."""
+    got = 0
+    while got < nbytes:
+        try:
+            r = os.preadv(fd, [view[got:]], offset + got, flags) if flags else os.preadv(fd, [view[got:]], offset + got)
+        except BlockingIOError:
+            break
+        if r == 0:
+            break
+        got += r
+    return got
+
+
 def read_chunk_file(path: str, nbytes: int, direct: bool = True) -> Optional[np.ndarray]:
     """The first ``nbytes`` of a chunk file as a fresh ``uint8`` array (None if the file does not
     exist: a chunk never written, or one TensorStore deleted because it held only the fill value).
 
-    With ``direct`` the file is opened with ``O_DIRECT``: the disk writes into the (aligned)
-    buffer and the kernel copies nothing, so a read in flight takes almost no CPU from the
-    retrieval it overlaps. A file system without ``O_DIRECT`` (tmpfs, some network mounts) is
-    read through the page cache instead. Raises ``OSError`` on a short file."""
+    What the page cache holds is copied from it without waiting for the disk (``RWF_NOWAIT``: a
+    tier that fits in RAM, a chunk just spilled); with ``direct`` the rest is read with
+    ``O_DIRECT`` — the disk writes into the (aligned) buffer and the kernel copies nothing, so a
+    read in flight takes almost no CPU from the retrieval it overlaps. A file system without
+    ``O_DIRECT`` (tmpfs, some network mounts) is read through the page cache. Raises ``OSError``
+    on a short file."""
     flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-    use_direct = direct and hasattr(os, "O_DIRECT")
     padded = -(-nbytes // DIRECT_ALIGN) * DIRECT_ALIGN
     raw = np.empty(padded + DIRECT_ALIGN, np.uint8)
     off = (-raw.ctypes.data) % DIRECT_ALIGN
-    buf = raw[off:off + padded]
+    buf = memoryview(raw[off:off + padded])
     try:
-        fd = os.open(path, flags | (os.O_DIRECT if use_direct else 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if not (use_direct and e.errno == errno.EINVAL):
-            raise
-        use_direct = False
-        fd = os.open(path, flags)
     try:
         got = 0
-        while got < nbytes:
-            try:
-                r = os.preadv(fd, [memoryview(buf)[got:]], got)
-            except OSError as e:
-                if not (use_direct and e.errno == errno.EINVAL):
-                    raise
-                os.close(fd)   # O_DIRECT refused at the first read: read through the page cache
-                use_direct, fd = False, os.open(path, flags)
-                continue
-            if r == 0:
-                break
-            got += r
+        nowait = getattr(os, "RWF_NOWAIT", 0)
+        if direct and hasattr(os, "O_DIRECT"):
+            if nowait:
+                try:
+                    got = _read_into(fd, buf[:nbytes], 0, nbytes, nowait)
+                except OSError as e:   # RWF_NOWAIT not supported here: everything from the disk
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    got = 0
+            if got < nbytes:
+                start = got // DIRECT_ALIGN * DIRECT_ALIGN   # O_DIRECT: aligned offset and length
+                try:
+                    dfd = os.open(path, flags | os.O_DIRECT)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    dfd = None
+                if dfd is not None:
+                    try:
+                        got = start + _read_into(dfd, buf[start:], start, padded - start)
+                    except OSError as e:
+                        if e.errno != errno.EINVAL:   # EINVAL: O_DIRECT refused at the first read
+                            raise
+                    finally:
+                        os.close(dfd)
+        if got < nbytes:
+            got += _read_into(fd, buf[got:nbytes], got, nbytes - got)
     finally:
         os.close(fd)
     if got < nbytes:
         raise OSError(errno.EIO, f"chunk file holds {got} bytes, {nbytes} expected (truncated?)", path)
-    return buf[:nbytes]
+    return raw[off:off + nbytes]
 
 
 class TierError(RuntimeError):
