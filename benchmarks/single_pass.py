@@ -12,7 +12,11 @@ run reports:
 * a breakdown of sampled steps (blocked after each part): the forward + backward program, the
   update program (rule, policy, append) and the host's part (making room, feeding the batch);
 * the floor: the bytes those reads take, summed over the pass, at the read bandwidth measured
-  in the same process (the larger of a jitted and a numpy stream over 1 GiB);
+  in the same process (the larger of a jitted and a numpy stream over 1 GiB); beside it the
+  compute floor — the multiply-adds of the same reads (``2·B·(d_in + d_out)`` flops per row
+  read) at the fp32 matmul rate measured in the same process — and the roofline floor, the
+  larger of the two for each window of steps, summed: at B = 16 a step does 16 multiply-adds per
+  4-byte weight, so on a 2-core CPU the compute floor is of the order of the byte floor;
 * the same pass with rows stored in bfloat16 (``row_dtype``), the ``gauge`` preset, the
   ``hybrid`` preset (Alg. 4: per-step time, rows, accuracy) and a memory capped at its size
   (``capacity(N, evict_smallest)``) against an unbounded memory holding the same rows, the
@@ -101,17 +105,42 @@ def read_bandwidth(mb: int) -> dict:
     return out
 
 
+def matmul_rate(n: int = 1024) -> float:
+    """FLOP/s of a jitted fp32 ``n × n × n`` matmul (XLA's threads), best of five: the rate the
+    compute floor is taken at (dots at B = 16 reach less of it)."""
+    rs = np.random.default_rng(0)
+    a, b = (jax.device_put(rs.standard_normal((n, n), dtype=np.float32)) for _ in range(2))
+    f = jax.jit(lambda a, b: a @ b)
+    f(a, b).block_until_ready()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        f(a, b).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    return 2.0 * n ** 3 / min(ts)
+
+
+def _reads(tr):
+    """``(path, rows in use, memory, passes)`` for every layer: the passes that read its rows."""
+    mems = tr.memories()
+    first = ("block_0",) if ("block_0",) in mems else ("readout",)
+    return [(path, int(m.size), m, 1 if path == first else 2) for path, m in mems.items()]
+
+
+def step_flops(tr, batch: int) -> float:
+    """Flops one step must do on those reads: a row read by a pass meets every query of the batch
+    in a multiply-add per input and per output entry (``q·k`` and ``s·ṽ`` forward, ``g·ṽ`` and
+    ``ds·k`` backward)."""
+    return sum(n * 2.0 * batch * (m.d_in + m.d_out) * passes for _, n, m, passes in _reads(tr))
+
+
 def step_bytes(tr) -> float:
     """Bytes one step must read now: every layer's rows in use (k, ṽ, w at their stored width)
     by the forward pass, and again by the backward pass for layers whose query depends on a
     layer below (all but the first layer of a network whose input is not differentiated)."""
     total = 0.0
-    mems = tr.memories()
-    first = ("block_0",) if ("block_0",) in mems else ("readout",)
-    for path, m in mems.items():
-        n = int(m.size)
-        per_row = m.k.dtype.itemsize * (m.d_in + m.d_out) + m.w.dtype.itemsize
-        total += n * per_row * (1 if path == first else 2)
+    for _, n, m, passes in _reads(tr):
+        total += n * (m.k.dtype.itemsize * (m.d_in + m.d_out) + m.w.dtype.itemsize) * passes
     return total
 
 
@@ -147,8 +176,8 @@ def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None,
             compile_s[0] += duration
 
     jax.monitoring.register_event_duration_secs_listener(on_compile)
-    records, parts, floor_bytes = [], [], 0.0
-    prev_bytes = step_bytes(tr)
+    records, parts, floor_bytes, floor_flops = [], [], 0.0, 0.0
+    prev_bytes, prev_flops = step_bytes(tr), step_flops(tr, b)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     t_prev, s_prev = t0, 0
@@ -178,10 +207,14 @@ def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None,
             now = time.perf_counter()
             rows = tr.rows_in_use()
             cur = step_bytes(tr)   # the floor: trapezoid over the steps of the window (no sync in between)
+            cur_flops = step_flops(tr, b)
             floor_bytes += (i + 1 - s_prev) * (prev_bytes + cur) / 2
-            prev_bytes = cur
+            floor_flops += (i + 1 - s_prev) * (prev_flops + cur_flops) / 2
             records.append({"step": i + 1, "seconds": now - t0, "rows_per_layer": max(rows.values()),
-                            "ms_per_step_window": 1e3 * (now - t_prev) / (i + 1 - s_prev), "step_bytes": cur})
+                            "ms_per_step_window": 1e3 * (now - t_prev) / (i + 1 - s_prev), "step_bytes": cur,
+                            "step_flops": cur_flops, "window_steps": i + 1 - s_prev, "window_bytes": (i + 1 - s_prev) * (prev_bytes + cur) / 2,
+                            "window_flops": (i + 1 - s_prev) * (prev_flops + cur_flops) / 2})
+            prev_bytes, prev_flops = cur, cur_flops
             t_prev, s_prev = now, i + 1
         if bar is not None:
             bar.update(1)
@@ -192,7 +225,8 @@ def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None,
     acc = accuracy(tr, xt, yt)
     return {"label": label, "preset": preset_name, "bf16": bf16, "steps": steps, "batch": b, "wall_s": wall,
             "compile_s": compile_s[0], "accuracy": acc, "rows": tr.rows_in_use(), "records": records,
-            "parts": parts, "floor_bytes": floor_bytes, "cores_used": (user + sys_) / wall,
+            "parts": parts, "floor_bytes": floor_bytes, "floor_flops": floor_flops,
+            "cores_used": (user + sys_) / wall,
             "sys_fraction": sys_ / max(user + sys_, 1e-9), "user_s": user, "sys_s": sys_,
             "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / steps,
             "ms_per_step": 1e3 * wall / steps, "trainer": tr}
@@ -301,6 +335,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     load_before = os.getloadavg()
     bw = read_bandwidth(cfg["bandwidth_mb"])
+    bw["matmul_flops_per_s"] = matmul_rate()
     runs, summary = [], {}
     steps16 = len(x) // 16
     total = sum(steps16 * (1 if r != "capped" else 1) for r in wanted)
@@ -311,10 +346,15 @@ def main(argv=None):
             r["predict"] = predict_throughput(tr, data[2])
             del tr
             r["floor_s"] = r["floor_bytes"] / bw["bytes_per_s"]
+            r["compute_floor_s"] = r["floor_flops"] / bw["matmul_flops_per_s"]
+            r["roofline_floor_s"] = sum(max(w["window_bytes"] / bw["bytes_per_s"],
+                                            w["window_flops"] / bw["matmul_flops_per_s"]) for w in r["records"])
             runs.append(r)
             _report(bar, r)
             summary.update(wall_s=r["wall_s"], accuracy=r["accuracy"], floor_s=r["floor_s"],
-                           ratio_to_floor=r["wall_s"] / r["floor_s"], cores_used=r["cores_used"],
+                           ratio_to_floor=r["wall_s"] / r["floor_s"], compute_floor_s=r["compute_floor_s"],
+                           roofline_floor_s=r["roofline_floor_s"],
+                           ratio_to_roofline=r["wall_s"] / r["roofline_floor_s"], cores_used=r["cores_used"],
                            sys_fraction=r["sys_fraction"], minor_faults_per_step=r["minor_faults_per_step"],
                            compile_s=r["compile_s"], speedup_vs_reference=REFERENCE_WALL_S / r["wall_s"],
                            predict=r["predict"])
@@ -361,6 +401,7 @@ def main(argv=None):
         # the bandwidth the floor was computed with, and the load around that run (a --merge of other
         # runs keeps these: they belong to the fp32 run)
         summary["read_bandwidth_gb_per_s"] = bw["bytes_per_s"] / GB
+        summary["matmul_gflops_per_s"] = bw["matmul_flops_per_s"] / GB
         summary["load_average_before"] = load_before[0]
         summary["load_average_after"] = load_after
     summary["reference_wall_s_reported"] = REFERENCE_WALL_S
@@ -384,7 +425,9 @@ def main(argv=None):
     png = plot(runs, summary, args.out)
     if "wall_s" in summary:
         print(f"fp32: {summary['wall_s']:.1f} s, accuracy {summary['accuracy']:.4f}, floor {summary['floor_s']:.1f} s, "
-              f"ratio to floor {summary['ratio_to_floor']:.2f}, {summary['speedup_vs_reference']:.2f}x the reference, "
+              f"ratio to floor {summary['ratio_to_floor']:.2f} (compute floor {summary.get('compute_floor_s', 0):.1f} s, "
+              f"roofline {summary.get('roofline_floor_s', 0):.1f} s: ratio {summary.get('ratio_to_roofline', 0):.2f}), "
+              f"{summary['speedup_vs_reference']:.2f}x the reference, "
               f"cores {summary['cores_used']:.2f}, sys {summary['sys_fraction']:.3f}, "
               f"faults/step {summary['minor_faults_per_step']:.0f}")
     if "bf16" in summary and "wall_s" in summary:

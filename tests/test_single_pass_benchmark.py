@@ -28,6 +28,17 @@ def test_single_pass_smoke_writes_the_floor_the_capped_ratio_and_merges_runs(tmp
     assert 0 < s["accuracy"] <= 1 and s["floor_s"] > 0
     # the ratio is the wall time over the floor the same run computed (not a constant)
     assert math.isclose(s["ratio_to_floor"], s["wall_s"] / s["floor_s"], rel_tol=1e-9)
+    # the compute floor: the final step's flops from the rows each layer holds (d = 784, 10 classes; the
+    # first block's rows are read once, by the forward pass, the others twice), at the measured matmul rate
+    run = next(r for r in doc["runs"] if r.get("label") == "weighted_softmax fp32")
+    rows, b = run["rows"], run["batch"]
+    d_out = {name: (10 if name == "readout" else 784) for name in rows}
+    want = sum(n * 2 * b * (784 + d_out[name]) * (1 if name == "block_0" else 2) for name, n in rows.items())
+    assert math.isclose(run["records"][-1]["step_flops"], want, rel_tol=1e-9), (run["records"][-1], want)
+    assert s["compute_floor_s"] > 0 and s["matmul_gflops_per_s"] > 0
+    assert max(s["floor_s"], s["compute_floor_s"]) <= s["roofline_floor_s"] * (1 + 1e-9)
+    assert s["roofline_floor_s"] <= (s["floor_s"] + s["compute_floor_s"]) * (1 + 1e-9)
+    assert math.isclose(s["ratio_to_roofline"], s["wall_s"] / s["roofline_floor_s"], rel_tol=1e-9)
     c = s["capped"]
     assert c["cap"] == 256 and c["ms_per_step"] > 0 and c["uncapped_ms_per_step_same_rows"] > 0
     assert math.isclose(c["ratio"], c["ms_per_step"] / c["uncapped_ms_per_step_same_rows"], rel_tol=1e-9)
