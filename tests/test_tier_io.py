@@ -232,3 +232,28 @@ def test_the_environment_can_send_every_read_through_tensorstore():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "GROWMEM_TIER_READS": value, "JAX_PLATFORMS": "cpu"})
         assert out.returncode == 0 and out.stdout.strip() == want, (value, out.stdout, out.stderr[-500:])
+
+
+def test_only_raw_little_endian_chunk_files_are_read_directly(tmp_path, monkeypatch):
+    tier = ColdTier.create(tmp_path / "t", d_in=D, d_out=E, chunk_rows=C)
+    meta = tier._arrays["k"].spec().to_json()["metadata"]
+    assert tiered.raw_chunk_files(meta, C) and tier._local is not None
+    compressed = dict(meta, codecs=[{"name": "bytes", "configuration": {"endian": "little"}},
+                                    {"name": "zstd", "configuration": {"level": 1}}])
+    for other in (compressed, dict(meta, codecs=[{"name": "bytes", "configuration": {"endian": "big"}}]),
+                  dict(meta, chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}}),
+                  dict(meta, chunk_key_encoding={"name": "default", "configuration": {"separator": "."}}),
+                  dict(meta, chunk_grid={"name": "regular", "configuration": {"chunk_shape": [C, D // 2]}})):
+        assert not tiered.raw_chunk_files(other, C), other
+    assert not tiered.raw_chunk_files(meta, 2 * C)
+    # a tier whose arrays are not raw is read through TensorStore, with the same rows
+    monkeypatch.setattr(tiered, "raw_chunk_files", lambda metadata, chunk_rows: False)
+    rows = _rows(C, 10)
+    tier.write(rows)
+    again = ColdTier.open(tmp_path / "t")
+    assert again._local is None
+    calls = _spy(monkeypatch)
+    got = {f: fu.result() for f, fu in again.issue(0, C).items()}
+    assert calls == []
+    for f in rows:
+        assert np.array_equal(got[f], rows[f])

@@ -97,6 +97,19 @@ def _read_into(fd, view, offset: int, nbytes: int, flags: int = 0) -> int:
     return got
 
 
+def raw_chunk_files(metadata: dict, chunk_rows: int) -> bool:
+    """Whether a zarr v3 array's chunk files are what :func:`read_chunk_file` reads: raw
+    little-endian bytes (no compression), default chunk keys (``c/<i>/<j>``), ``chunk_rows`` rows
+    per chunk and whole rows. Tiers growmem writes are; any other layout is read through
+    TensorStore."""
+    grid = metadata.get("chunk_grid", {}).get("configuration", {}).get("chunk_shape")
+    keys = metadata.get("chunk_key_encoding", {})
+    return (metadata.get("codecs") == [{"name": "bytes", "configuration": {"endian": "little"}}]
+            and keys.get("name") == "default" and keys.get("configuration", {}).get("separator", "/") == "/"
+            and grid is not None and int(grid[0]) == int(chunk_rows)
+            and list(grid[1:]) == list(metadata.get("shape", [])[1:]))
+
+
 def read_chunk_file(path: str, nbytes: int, direct: bool = True) -> Optional[np.ndarray]:
     """The first ``nbytes`` of a chunk file as a fresh ``uint8`` array (None if the file does not
     exist: a chunk never written, or one TensorStore deleted because it held only the fill value).
@@ -217,7 +230,8 @@ class ColdTier:
         self.read_only = read_only
         self._lock = threading.Lock()
         self._arrays = self._open_arrays(self.generation, create=False)
-        self._local = local_path(url)
+        self._local = local_path(url) if all(raw_chunk_files(a.spec().to_json().get("metadata", {}),
+                                                             self.chunk_rows) for a in self._arrays.values()) else None
 
     def shapes(self):
         return {"w": (), "k": (self.d_in,), "v": (self.d_out,), "born": ()}
