@@ -49,9 +49,13 @@ DEFAULT_CHUNK = 8192
 #: 2-core Xeon for B = 16 over 60,016 rows: forward + backward 113.7 ms at 512 rows per chunk,
 #: 97.5 at 2,048, 93.0 at 4,096, 140.2 at 16,384 (a chunk's dots then leave the cache)
 CHUNK_BYTES = 32 << 20
-#: the forward pass keeps its scores ((N, B): rows by queries) for the backward pass up to this size
-#: (:func:`keeps_scores`)
+#: the forward pass keeps its scores for the backward pass up to this size (:func:`keeps_scores`)
 SCORE_BYTES = 64 << 20
+#: batches of at most this many queries work on the scores transposed, rows by queries: XLA's CPU
+#: dot writes ``k qᵀ`` 1.7x faster than ``q kᵀ`` at B = 16 (and the backward's ``ṽ ḡᵀ`` likewise),
+#: while larger batches are faster the other way (B = 1,000, 10 outputs, 65,536 rows: 571 against
+#: 791 ms forward); 2-core AMD EPYC
+ROWS_FIRST_MAX_B = 64
 #: the rows after the last whole chunk are read in chunks this many times smaller (:func:`_fold_chunks`).
 #: 8 reads fewer rows past those in use (B = 16, d = 784, 4,900 rows: forward + backward 13.3 -> 7.6 ms)
 #: but compiles a second loop for every table: the test suite ran 1.6x longer (1,617 s against ~1,000 s;
@@ -73,6 +77,39 @@ class Partial(NamedTuple):
     m: jax.Array
     num: jax.Array
     den: jax.Array
+
+
+class _Layout:
+    """Index algebra of a ``(B, n)`` score block (queries first) or its transpose ``(n, B)``
+    (``rows_first``): how a per-row or per-query vector broadcasts against it, and the products
+    that contract it over rows or over queries."""
+
+    def __init__(self, rows_first: bool):
+        self.t = bool(rows_first)
+
+    def row(self, x):            # (n,) against the block
+        return x[:, None] if self.t else x[None, :]
+
+    def query(self, x):          # (B,) against the block
+        return x[None, :] if self.t else x[:, None]
+
+    def max_rows(self, s):       # (B,): over the rows
+        return jnp.max(s, axis=0 if self.t else 1)
+
+    def sum_rows(self, s):
+        return jnp.sum(s, axis=0 if self.t else 1)
+
+    def sum_queries(self, s):
+        return jnp.sum(s, axis=1 if self.t else 0)
+
+    def to_queries(self, s, x):  # Σ_i s_bi x_i: (B, ...) from per-row x (n, ...)
+        return s.T @ x if self.t else s @ x
+
+    def to_rows(self, s, y):     # Σ_b s_bi y_b: (n, ...) from per-query y (B, ...)
+        return s @ y if self.t else s.T @ y
+
+    def outer(self, y, x):       # ⟨y_b, x_i⟩ for per-query y (B, e) and per-row x (n, e), in the block's layout
+        return x @ y.T if self.t else y @ x.T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,26 +149,24 @@ class Kernel:
         return -alpha * jnp.maximum(q2[:, None] + jnp.sum(k * k, axis=1)[None, :] - 2.0 * qk, 0.0)
 
     def scores_t(self, q, q2, k, alpha):
-        """``(n, B)``: :meth:`scores` transposed, rows by queries — the layout the chunked passes
-        work in: XLA's CPU dot writes ``k qᵀ`` about 1.7× faster than ``q kᵀ`` at B = 16."""
+        """``(n, B)``: :meth:`scores` transposed, rows by queries (the layout of small batches:
+        :data:`ROWS_FIRST_MAX_B`)."""
         kq = k @ q.T
         if self.form == "dot":
             return alpha * kq
         return -alpha * jnp.maximum(jnp.sum(k * k, axis=1)[:, None] + q2[None, :] - 2.0 * kq, 0.0)
 
-    def score_vjp(self, sbar, q, k, alpha, row_grads: bool):
-        """``(q̄, k̄)`` from ``s̄ = ∂L/∂s`` (``(B, n)``; ``k̄`` is None unless ``row_grads``)."""
-        return self.score_vjp_t(sbar.T, q, k, alpha, row_grads)
-
-    def score_vjp_t(self, sbar_t, q, k, alpha, row_grads: bool):
-        """:meth:`score_vjp` from ``s̄`` transposed (``(n, B)``)."""
+    def score_vjp(self, sbar, q, k, alpha, row_grads: bool, rows_first: bool = False):
+        """``(q̄, k̄)`` from ``s̄ = ∂L/∂s`` (``(B, n)``, or ``(n, B)`` when ``rows_first``; ``k̄`` is
+        None unless ``row_grads``)."""
+        L = _Layout(rows_first)
         if self.form == "dot":                                   # s = α q·k
-            qbar = alpha * (sbar_t.T @ k)
-            kbar = alpha * (sbar_t @ q) if row_grads else None
+            qbar = alpha * L.to_queries(sbar, k)
+            kbar = alpha * L.to_rows(sbar, q) if row_grads else None
             return qbar, kbar
         # s = −α(‖q‖² + ‖k‖² − 2 q·k):  ∂s/∂q_b = 2α(k_i − q_b),  ∂s/∂k_i = 2α(q_b − k_i)
-        qbar = 2.0 * alpha * (sbar_t.T @ k - q * jnp.sum(sbar_t, axis=0)[:, None])
-        kbar = 2.0 * alpha * (sbar_t @ q - k * jnp.sum(sbar_t, axis=1)[:, None]) if row_grads else None
+        qbar = 2.0 * alpha * (L.to_queries(sbar, k) - q * L.sum_rows(sbar)[:, None])
+        kbar = 2.0 * alpha * (L.to_rows(sbar, q) - k * L.sum_queries(sbar)[:, None]) if row_grads else None
         return qbar, kbar
 
     # ------------------------------------------------------------------ partial results
@@ -140,52 +175,57 @@ class Kernel:
         m0 = -jnp.inf if (self.exponential and self.normalised) else 0.0
         return Partial(jnp.full((b,), m0, dtype), jnp.zeros((b, d_out), dtype), jnp.zeros((b,), dtype))
 
-    def _weights(self, s_t, m, c, valid):
-        """``c_i κ(s_i − m)`` per (row, query) — ``(n, B)`` like ``s_t`` — 0 on invalid rows."""
+    def _weights(self, s, m, c, valid, L: "_Layout"):
+        """``c_i κ(s_i − m)`` per (query, row) in ``s``'s layout, 0 on invalid rows."""
         if self.exponential:
-            e = jnp.exp(jnp.where(valid[:, None], s_t, m[None, :]) - m[None, :])
+            e = jnp.exp(jnp.where(L.row(valid), s, L.query(m)) - L.query(m))
         else:
-            e = s_t
-        e = jnp.where(valid[:, None], e, 0.0)
-        return e if c is None else e * c[:, None]
+            e = s
+        e = jnp.where(L.row(valid), e, 0.0)
+        return e if c is None else e * L.row(c)
 
-    def fold(self, p: Partial, q, q2, k, v, w, c, valid, alpha, s=None) -> Partial:
+    def fold(self, p: Partial, q, q2, k, v, w, c, valid, alpha, s=None, rows_first: bool = False) -> Partial:
         """``p`` merged with the partial of one chunk of rows (forward pass); ``s``: the chunk's
-        scores, transposed (``(n, B)``: :meth:`scores_t`), when already computed."""
-        s_t = self.scores_t(q, q2, k, alpha) if s is None else s
+        scores when already computed (``(B, n)``, or ``(n, B)`` when ``rows_first``)."""
+        L = _Layout(rows_first)
+        if s is None:
+            s = self.scores_t(q, q2, k, alpha) if rows_first else self.scores(q, q2, k, alpha)
         m = p.m
         if self.exponential and self.normalised:
             # stabiliser: max over rows of s_i + log|c_i w_i| keeps den >= 1 whenever some
             # weighted row is present, so the result is finite whenever it is representable
             cw = jnp.abs(w if c is None else c * w)
-            score = jnp.where(valid[:, None], s_t + jnp.log(jnp.maximum(cw, _TINY))[:, None], -jnp.inf)
-            m = jnp.maximum(p.m, jnp.max(score, axis=0))
-        e = self._weights(s_t, m, c, valid)
+            score = jnp.where(L.row(valid), s + L.row(jnp.log(jnp.maximum(cw, _TINY))), -jnp.inf)
+            m = jnp.maximum(p.m, L.max_rows(score))
+        e = self._weights(s, m, c, valid, L)
         # rescale earlier chunks; while no row has been seen yet (m = -inf) there is nothing to rescale
         r = jnp.exp(jnp.where(jnp.isfinite(m), p.m - m, 0.0))
-        num = p.num * r[:, None] + e.T @ v
-        den = p.den * r + e.T @ w if self.normalised else p.den
+        num = p.num * r[:, None] + L.to_queries(e, v)
+        den = p.den * r + L.to_queries(e, w) if self.normalised else p.den
         return Partial(m, num, den)
 
-    def unfold(self, m, num_bar, den_bar, q, q2, k, v, w, c, valid, alpha, row_grads: bool, s=None):
+    def unfold(self, m, num_bar, den_bar, q, q2, k, v, w, c, valid, alpha, row_grads: bool, s=None,
+               rows_first: bool = False):
         """Backward pass of one chunk: ``(q̄, Σ s̄·s, k̄, v̄, w̄)`` (row terms None unless ``row_grads``);
-        ``s``: the chunk's scores kept by the forward pass, transposed (else they are computed
-        again from ``k``)."""
-        s_t = self.scores_t(q, q2, k, alpha) if s is None else s
-        e = self._weights(s_t, m, c, valid)
-        ebar = v @ num_bar.T                                      # ∂L/∂(c κ) per (row, query)
+        ``s``: the chunk's scores kept by the forward pass, in the same layout (else they are
+        computed again from ``k``)."""
+        L = _Layout(rows_first)
+        if s is None:
+            s = self.scores_t(q, q2, k, alpha) if rows_first else self.scores(q, q2, k, alpha)
+        e = self._weights(s, m, c, valid, L)
+        ebar = L.outer(num_bar, v)                               # ∂L/∂(c κ) per (query, row)
         if self.normalised:
-            ebar = ebar + w[:, None] * den_bar[None, :]
+            ebar = ebar + L.query(den_bar) * L.row(w)
         if self.exponential:
             sbar = ebar * e                                      # ∂(c e^{s-m})/∂s = c e^{s-m}
         else:
-            sbar = ebar * (valid[:, None] if c is None else jnp.where(valid[:, None], c[:, None], 0.0))
-        qbar, kbar = self.score_vjp_t(sbar, q, k, alpha, row_grads)
-        s_sbar = jnp.sum(sbar * s_t)
+            sbar = ebar * (L.row(valid) if c is None else jnp.where(L.row(valid), L.row(c), 0.0))
+        qbar, kbar = self.score_vjp(sbar, q, k, alpha, row_grads, rows_first)
+        s_sbar = jnp.sum(sbar * s)
         if not row_grads:
             return qbar, s_sbar, None, None, None
-        vbar = e @ num_bar
-        wbar = e @ den_bar if self.normalised else None
+        vbar = L.to_rows(e, num_bar)
+        wbar = L.to_rows(e, den_bar) if self.normalised else None
         return qbar, s_sbar, kbar, vbar, wbar
 
     def finish(self, p: Partial):
@@ -302,8 +342,13 @@ def _widen(a, dtype):
     return None if a is None else a.astype(dtype)
 
 
+def rows_first(b: int) -> bool:
+    """Whether a batch of ``b`` queries works on its scores transposed (:data:`ROWS_FIRST_MAX_B`)."""
+    return b <= ROWS_FIRST_MAX_B
+
+
 def keeps_scores(b: int, n: int) -> bool:
-    """Whether the forward pass of ``b`` queries over ``n`` rows keeps its ``(n, b)`` scores for
+    """Whether the forward pass of ``b`` queries over ``n`` rows keeps its ``b × n`` scores for
     the backward pass (:data:`SCORE_BYTES`)."""
     return b * n * 4 <= SCORE_BYTES
 
@@ -314,22 +359,24 @@ def _reduce(kernel: Kernel, chunk: int, row_grads: bool, q, k, v, w, c, size, te
 
 
 def _forward(kernel, chunk, q, k, v, w, c, size, temperature, keep: bool):
-    """``(partial, scores)``: the chunked forward pass; ``scores:(N, B)`` (rows by queries, rows
-    past ``size`` unset) when ``keep``, else None."""
+    """``(partial, scores)``: the chunked forward pass; ``scores`` (``(N, B)`` for a small batch,
+    :func:`rows_first`, else ``(B, N)``; rows past ``size`` unset) when ``keep``, else None."""
     dt = q.dtype
     alpha = kernel.alpha(temperature, q.shape[1]).astype(dt)
     q2 = jnp.sum(q * q, axis=1)
     n = k.shape[0]
 
+    rf = rows_first(q.shape[0])
+
     def fn(carry, start, rows, valid):
         p, kept = carry
         kc, vc, wc, cc = (_widen(a, dt) for a in rows)
-        s = kernel.scores_t(q, q2, kc, alpha)
+        s = kernel.scores_t(q, q2, kc, alpha) if rf else kernel.scores(q, q2, kc, alpha)
         if keep:   # the shifted-back last chunk writes its overlap again, with the same scores
-            kept = lax.dynamic_update_slice_in_dim(kept, s, start, 0)
-        return kernel.fold(p, q, q2, kc, vc, wc, cc, valid, alpha, s=s), kept
+            kept = lax.dynamic_update_slice_in_dim(kept, s, start, 0 if rf else 1)
+        return kernel.fold(p, q, q2, kc, vc, wc, cc, valid, alpha, s=s, rows_first=rf), kept
 
-    kept = jnp.zeros((n, q.shape[0]), dt) if keep else None
+    kept = (jnp.zeros((n, q.shape[0]) if rf else (q.shape[0], n), dt)) if keep else None
     return _fold_chunks(fn, (kernel.empty(q.shape[0], v.shape[1], dt), kept), (k, v, w, c), n, size, chunk)
 
 
@@ -347,6 +394,7 @@ def _reduce_bwd(kernel, chunk, row_grads, res, pbar):
     q2 = jnp.sum(q * q, axis=1)
     num_bar, den_bar = pbar.num, pbar.den
     n = k.shape[0]
+    rf = rows_first(q.shape[0])
     zeros = lambda a: None if (a is None or not row_grads) else jnp.zeros(a.shape, dt)
     init = (jnp.zeros_like(q), jnp.zeros((), dt), zeros(k), zeros(v), zeros(w) if kernel.normalised else None)
 
@@ -358,8 +406,9 @@ def _reduce_bwd(kernel, chunk, row_grads, res, pbar):
 
     def fn(acc, start, rows, valid):
         kc, vc, wc, cc = (_widen(a, dt) for a in rows)
-        s = None if s_kept is None else lax.dynamic_slice_in_dim(s_kept, start, kc.shape[0], 0)
-        qb, ss, kb, vb, wb = kernel.unfold(m, num_bar, den_bar, q, q2, kc, vc, wc, cc, valid, alpha, row_grads, s=s)
+        s = None if s_kept is None else lax.dynamic_slice_in_dim(s_kept, start, kc.shape[0], 0 if rf else 1)
+        qb, ss, kb, vb, wb = kernel.unfold(m, num_bar, den_bar, q, q2, kc, vc, wc, cc, valid, alpha, row_grads, s=s,
+                                           rows_first=rf)
         qbar, s_sbar, kbar, vbar, wbar = acc
         # the shifted-back last chunk overlaps the one before: add, never overwrite
         return (qbar + qb, s_sbar + ss, add_rows(kbar, start, kb), add_rows(vbar, start, vb),

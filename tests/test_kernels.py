@@ -46,12 +46,27 @@ def make_rows(seed, b=5, n=37, d_in=6, d_out=3):
     return q, k, v, w
 
 
+@pytest.fixture(params=["rows_first", "queries_first"])
+def layout(request, monkeypatch):
+    """Both layouts of the score blocks on the same (small) shapes: a small batch works on
+    ``(n, B)`` scores, a large one on ``(B, n)`` (kernels.ROWS_FIRST_MAX_B)."""
+    monkeypatch.setattr(kernels, "ROWS_FIRST_MAX_B", 1 << 30 if request.param == "rows_first" else 0)
+    jax.clear_caches()   # a program traced under the other layout must not be reused
+    yield request.param
+    jax.clear_caches()
+
+
+def test_small_batches_work_rows_first_and_large_ones_queries_first():
+    assert kernels.rows_first(16) and kernels.rows_first(kernels.ROWS_FIRST_MAX_B)
+    assert not kernels.rows_first(kernels.ROWS_FIRST_MAX_B + 1) and not kernels.rows_first(1000)
+
+
 # ---------------------------------------------------------------- formulas, chunking
 
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
 @pytest.mark.parametrize("tail_split", [1, 8])
-def test_chunked_equals_unchunked_and_numpy_formula(ref, name, tail_split, monkeypatch):
+def test_chunked_equals_unchunked_and_numpy_formula(ref, name, tail_split, monkeypatch, layout):
     # N = 37 is not a multiple of the chunk. TAIL_SPLIT 1: the last chunk is shifted back and overlaps;
     # 8: whole chunks, then tail chunks of chunk // 8 rows (chunk 16: 2-row tail chunks, the last
     # shifted back to overlap; 24: 3-row ones)
@@ -196,7 +211,7 @@ def _fd_grad(f, arrays, idx, eps=1e-6):
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
 @pytest.mark.parametrize("keep_scores,chunk", [(True, 2), (True, 3), (False, 3)])
-def test_gradients_match_finite_differences_of_formula(ref, name, keep_scores, chunk, monkeypatch):
+def test_gradients_match_finite_differences_of_formula(ref, name, keep_scores, chunk, monkeypatch, layout):
     # keep_scores: the backward pass reads the scores the forward pass kept; else it computes them
     # again (a batch too large for kernels.SCORE_BYTES). chunk 3 over 5 of 8 rows
     monkeypatch.setattr(kernels, "SCORE_BYTES", kernels.SCORE_BYTES if keep_scores else 0)
