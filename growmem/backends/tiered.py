@@ -88,7 +88,7 @@ def _read_into(fd, view, offset: int, nbytes: int, flags: int = 0) -> int:
     got = 0
     while got < nbytes:
         try:
-            r = os.preadv(fd, [view[got:]], offset + got, flags) if flags else os.preadv(fd, [view[got:]], offset + got)
+            r = os.preadv(fd, [view[got:]], offset + got, flags)
         except BlockingIOError:
             break
         if r == 0:
@@ -861,10 +861,8 @@ class Tiered(RAM):
         # it is copied the old table holds at most half the budget (not up to all of it: twice the budget alive)
         if mem.capacity * growth > hot / 2:
             growth = max(growth, hot / max(mem.capacity, 1))
-        grown, exact = super().prepare(mem, extra, bound, growth, limit=hot)
-        if grown.capacity > memlib.round_capacity(hot):   # never past the budget
-            grown = memlib.with_capacity(grown, max(memlib.round_capacity(hot), int(grown.size) + extra))
-        return grown, exact
+        # limit=hot: the capacity never passes the budget (exact + extra <= hot here)
+        return super().prepare(mem, extra, bound, growth, limit=hot)
 
     def _spill(self, mem, exact: int):
         """Move the oldest hot rows (whole chunks, down to about half the budget) to the tier."""
