@@ -168,9 +168,10 @@ def reset_peak_rss() -> bool:
 
 
 def raw_read_direct(files, threads: int = 4):
-    """``(bytes, seconds)`` of reading ``files`` with ``O_DIRECT`` (no page cache, no copy out of
-    it), ``threads`` files in flight: what the disk gives when the reader takes no CPU. Files
-    on a file system without ``O_DIRECT`` are read through the page cache."""
+    """``(bytes, seconds)`` of reading ``files`` the way the tier does (:func:`read_chunk_file`),
+    ``threads`` files in flight: with the page cache dropped first, every byte comes with
+    ``O_DIRECT`` (no page cache, no copy out of it) — what the disk gives when the reader takes
+    no CPU. Files on a file system without ``O_DIRECT`` are read through the page cache."""
     import concurrent.futures
     from growmem.backends.tiered import read_chunk_file
 
