@@ -1,0 +1,440 @@
+"""The measured results, rendered from the committed JSONs under ``benchmarks/results/``.
+
+One small function per results file, registered in ``RENDERERS`` with the file(s) it reads.
+The same functions serve
+
+* the documentation site: ``mkdocs.yml`` loads this file as a hook, and a page line
+  ``<!-- results:NAME -->`` becomes NAME's markdown at build time;
+* the README: ``python docs/render.py --readme`` rewrites every block between
+  ``<!-- begin:KIND:NAME -->`` and ``<!-- end:KIND:NAME -->`` (KIND ``results``: a renderer;
+  KIND ``example``: the code of ``examples/NAME.py``); ``--check`` only says whether they are current;
+* ``python docs/render.py NAME`` prints one renderer's markdown.
+
+A renderer reads its JSON by plain indexing: a key that is missing or renamed (an older or newer
+schema) raises ``RenderError`` naming the renderer, its files and the key, never an empty block.
+The growmem package never reads ``benchmarks/``; only this file does.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Dict, NamedTuple, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+EXAMPLES = ROOT / "examples"
+README = ROOT / "README.md"
+
+PLACEHOLDER = re.compile(r"^<!-- results:([a-z0-9_]+) -->$", re.M)
+BLOCK = re.compile(r"(<!-- begin:(results|example):([a-z0-9_]+) -->\n)(.*?)(<!-- end:\2:\3 -->)", re.S)
+
+
+class RenderError(RuntimeError):
+    """A results file does not have what its renderer reads (or no such renderer/example)."""
+
+
+class Renderer(NamedTuple):
+    name: str
+    files: Tuple[str, ...]          # relative to benchmarks/results/; a folder is passed as a Path
+    fn: Callable[..., str]
+
+    def paths(self):
+        return [RESULTS / f for f in self.files]
+
+
+RENDERERS: Dict[str, Renderer] = {}
+
+
+def renderer(name: str, *files: str):
+    """Register ``fn(*docs) -> markdown`` as NAME, reading ``files`` (in that order)."""
+    def register(fn):
+        if name in RENDERERS:
+            raise RenderError(f"renderer {name!r} registered twice ({RENDERERS[name].fn.__name__}, {fn.__name__})")
+        RENDERERS[name] = Renderer(name, files, fn)
+        return fn
+    return register
+
+
+def load(path: Path):
+    if path.is_dir():
+        return path
+    if not path.exists():
+        raise RenderError(f"{path.relative_to(ROOT)} does not exist: run the benchmark that writes it "
+                          f"(its command is in the how-to pages) or drop its renderer")
+    return json.loads(path.read_text())
+
+
+def render(name: str, docs=None) -> str:
+    """NAME's markdown from the committed files (or from ``docs``, the already loaded inputs)."""
+    if name not in RENDERERS:
+        raise RenderError(f"no renderer {name!r}; registered: {', '.join(sorted(RENDERERS))}")
+    r = RENDERERS[name]
+    docs = [load(p) for p in r.paths()] if docs is None else docs
+    try:
+        text = r.fn(*docs)
+    except (KeyError, IndexError, TypeError) as e:
+        raise RenderError(f"renderer {name!r} ({r.fn.__name__}) on {', '.join(r.files)}: missing or changed "
+                          f"key {e!r}; the file's schema changed: update {r.fn.__name__} in docs/render.py") from e
+    if not text.strip():
+        raise RenderError(f"renderer {name!r} rendered nothing")
+    return text.rstrip("\n") + "\n"
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+def pct(x) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def times(x) -> str:
+    return f"{x:.2f}×"
+
+
+def mb(n_bytes) -> str:
+    return f"{n_bytes / 1e6:.2f}"
+
+
+def table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def source(path: str, doc, *, command: bool = True) -> str:
+    """The provenance line under a rendered block: file, preset, command (for the files that
+    record theirs) and date."""
+    env = doc["environment"]
+    date = env["date"] if "date" in env else env["written_at"]
+    cmd = f", `{doc['command']}`" if command else ""
+    return f"\n*From `benchmarks/results/{path}` (preset `{doc['preset']}`{cmd}; {date[:10]}).*\n"
+
+
+# ---- continual learning -------------------------------------------------------------------------
+
+@renderer("continual", "continual.json")
+def render_continual(doc) -> str:
+    s, cfg = doc["summary"], doc["config"]
+    streams = cfg["streams"]
+    methods = list(dict.fromkeys(m for st in streams for m in s[st]))
+    best = {st: max(r["accuracy"] for r in s[st].values()) for st in streams}
+
+    def cells(st, m):
+        if m not in s[st]:
+            return ["–", "–"]
+        r = s[st][m]
+        acc = f"{r['accuracy']:.4f}"
+        if r["seeds"] > 1:
+            acc += f" ± {r['accuracy_std']:.4f}"
+        return [f"**{acc}**" if r["accuracy"] == best[st] else acc,
+                mb(r["bytes"]) + ("" if r["within_budget"] else " (over)")]
+
+    out = table(["method"] + [f"{st} {c}" for st in streams for c in ("accuracy", "peak MB")],
+                [[m] + [c for st in streams for c in cells(st, m)] for m in methods])
+    out += (f"\nBudget {mb(cfg['budget_bytes'])} MB; seeds {', '.join(map(str, cfg['seeds']))}; growmem runs "
+            + ", ".join(f"`{p}` on {st}" for st, p in cfg["growmem_presets"].items()) + ". Forgetting of growmem: "
+            + ", ".join(f"{s[st]['growmem']['forgetting']:.4f} ({st})" for st in streams) + ".\n")
+    for st, points in doc["curve"].items():
+        out += f"\nAccuracy against the budget, growmem on {st}:\n\n" + table(
+            ["budget MB", "accuracy", "peak MB in use"],
+            [[mb(p["budget"]), f"{p['accuracy']:.4f}", mb(p["bytes"])] for p in points])
+    return out + source("continual.json", doc)
+
+
+# ---- single pass and growth ---------------------------------------------------------------------
+
+@renderer("single_pass", "single_pass.json")
+def render_single_pass(doc) -> str:
+    s = doc["summary"]
+    rows = [[f"`{r['label']}`", f"{r['wall_s']:.1f}", f"{r['ms_per_step']:.1f}", pct(r["accuracy"]),
+             " / ".join(str(n) for n in r["rows"].values())] for r in doc["runs"]]
+    out = table(["run", "wall (s)", "ms/step", "test accuracy", "rows per layer"], rows)
+    out += (f"\nThe fp32 `weighted_softmax` pass: {s['wall_s']:.1f} s, {times(s['ratio_to_floor'])} the byte floor "
+            f"({s['floor_s']:.1f} s at the {s['read_bandwidth_gb_per_s']:.1f} GB/s read bandwidth measured in the "
+            f"same process), {times(s['ratio_to_roofline'])} the roofline (compute floor {s['compute_floor_s']:.1f} s "
+            f"at {s['matmul_gflops_per_s']:.0f} GFLOP/s); {s['cores_used']:.2f} cores used, system time "
+            f"{pct(s['sys_fraction'])}, {s['minor_faults_per_step']:.1f} minor page faults per step; "
+            f"{times(s['speedup_vs_reference'])} faster than the {s['reference_wall_s_reported']:.0f} s reported for "
+            f"the reference implementation (measured on another machine). Prediction with the full memories: "
+            f"{s['predict']['images_per_s']:.0f} test images/s.\n\n"
+            f"Capped memory ({s['capped']['cap']} rows per layer): {s['capped']['ms_per_step']:.1f} ms/step at the "
+            f"cap against {s['capped']['uncapped_ms_per_step_same_rows']:.1f} for an unbounded memory of the same "
+            f"rows ({times(s['capped']['ratio'])}). Hybrid: {s['hybrid']['ms_per_step']:.0f} ms/step, "
+            f"{times(s['hybrid']['speedup_vs_reference_low'])} faster per step than the lower end of the "
+            f"reference's reported step time.\n\nThe runs were merged from these invocations:\n\n")
+    out += "".join(f"- `{inv['command']}` (runs {', '.join(inv['runs'])}; load {inv['load_average_before']:.1f} "
+                   f"before)\n" for inv in doc["invocations"])
+    return out + source("single_pass.json", doc, command=False)
+
+
+def _hybrid_growth(doc, path) -> str:
+    s, cfg = doc["summary"], doc["config"]
+    rows = [[cfg["n_train"], "full growth (Alg. 3)", "1.000", pct(s["full_growth_accuracy"])]]
+    rows += [[cfg["n_train"], f"hybrid τ = {p['tau']:.2f}√d", f"{p['capacity_fraction']:.3f}", pct(p["accuracy"])]
+             for p in s["points"]]
+    out = table(["samples", "model", "capacity fraction", "test accuracy"], rows)
+    out += f"\nTest images: {cfg['n_test']}. Goal met: {'yes' if s['goal_met'] else 'no'}.\n"
+    return out + source(path, doc)
+
+
+@renderer("hybrid_growth", "hybrid_growth.json")
+def render_hybrid_growth(doc) -> str:
+    return _hybrid_growth(doc, "hybrid_growth.json")
+
+
+@renderer("hybrid_growth_8k", "hybrid_growth_8k/hybrid_growth.json")
+def render_hybrid_growth_8k(doc) -> str:
+    return _hybrid_growth(doc, "hybrid_growth_8k/hybrid_growth.json")
+
+
+@renderer("decay_bounded", "decay_bounded.json")
+def render_decay_bounded(doc) -> str:
+    s = doc["summary"]
+    rows = [[g, s["rows_at_end_by_gamma"][g], pct(a)] for g, a in s["accuracy_by_gamma"].items()]
+    out = table(["γ", "rows at the end", "test accuracy"], rows)
+    out += (f"\n{s['samples']} samples streamed; at γ = {s['gamma']} (pruned below {s['prune_below']}) the memory "
+            f"holds {s['rows_at_half']} rows half-way and {s['rows_at_end']} at the end.\n")
+    return out + source("decay_bounded.json", doc)
+
+
+@renderer("novelty_search", "novelty_search.json")
+def render_novelty_search(doc) -> str:
+    s = doc["summary"]
+    out = table(["chunk rows", "bare product / novelty search"],
+                [[c + (" (default)" if int(c) == s["default_chunk"] else ""), f"{r:.2f}"]
+                 for c, r in s["ratio_by_chunk"].items()])
+    out += (f"\nB = {s['shapes']['B']}, d = {s['shapes']['d']}, N = {s['shapes']['N']}: at the default chunk the "
+            f"search takes {s['novelty_search_ms']:.1f} ms against {s['bare_product_ms']:.1f} ms for the bare "
+            f"product (ratio {s['ratio']:.2f}).\n")
+    return out + source("novelty_search.json", doc)
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+
+@renderer("retrieval", "retrieval.json")
+def render_retrieval(doc) -> str:
+    s = doc["summary"]
+    rows = [[r["B"], r["d"], r["N"], f"{r['ratio_weighted_softmax']:.2f}", f"{r['ratio_rbf']:.2f}"]
+            for r in doc["retrieval"]]
+    out = table(["B", "d", "N", "weighted_softmax", "rbf"], rows)
+    lo, hi = s["goal_exponent"]
+    out += (f"\nRatio = bare products' time / kernel time. Worst at B ≥ 64: "
+            f"{s['min_ratio_batch_ge_64_weighted_softmax']:.2f} (weighted softmax), "
+            f"{s['min_ratio_batch_ge_64_rbf']:.2f} (RBF); goal {s['goal_ratio']}. "
+            f"Train-step time grows as N^{s['step_time_exponent']:.2f} over N = "
+            f"{', '.join(map(str, doc['train_step']['sizes']))} rows (goal {lo}–{hi}).\n")
+    return out + source("retrieval.json", doc, command=False)
+
+
+# ---- storage ------------------------------------------------------------------------------------
+
+@renderer("spill", "spill.json")
+def render_spill(doc) -> str:
+    s, cfg = doc["summary"], doc["config"]
+    out = table(["quantity", "value"], [
+        ["cold-tier retrieval / raw sequential read",
+         f"{s['read_bandwidth_fraction']:.3f} (goal {s['goal_fraction']})"],
+        ["retrieval read rate", f"{s['achieved_gb_per_s']:.2f} GiB/s"],
+        ["raw read of the same files (buffered / O_DIRECT)",
+         f"{s['raw_read_gb_per_s']:.2f} / {s['raw_direct_read_gb_per_s']:.2f} GiB/s"],
+        ["retrieval / O_DIRECT read", f"{s['fraction_of_direct_read']:.3f}"],
+        ["the same retrieval through TensorStore", f"{s['tensorstore_reads_fraction']:.3f} "
+                                                   f"(local reads {times(s['local_reads_speedup'])} faster)"],
+        ["in-RAM retrieval of the same rows", f"{s['in_ram_rows_per_s']:.0f} rows/s (tier {s['tier_rows_per_s']:.0f})"],
+        ["peak RSS (build / reads)", f"{s['peak_rss_build_gb']:.2f} / {s['peak_rss_reads_gb']:.2f} GiB "
+                                     f"for a {s['ram_budget_gb']:.1f} GiB budget"],
+    ])
+    out += (f"\n{cfg['rows']} rows × d = {cfg['d_in']}, {s['cold_gb']:.2f} GiB cold, {s['queries']} queries, page "
+            f"cache {'dropped' if s['page_cache_dropped'] else 'not dropped'}.\n")
+    return out + source("spill.json", doc, command=False)
+
+
+@renderer("spill_training", "spill_training.json")
+def render_spill_training(doc) -> str:
+    s = doc["summary"]
+    out = table(["quantity", "value"], [
+        ["spilling step / all-in-RAM step (final window)", times(s["step_time_ratio"])],
+        ["forward + backward alone (chunks from the tier / from RAM)",
+         f"{times(s['fwd_bwd_ratio'])} / {times(s['fwd_bwd_ratio_cached_chunks'])}"],
+        ["step time (RAM / spilling)", f"{1e3 * s['ram_step_s']:.1f} / {1e3 * s['spill_step_s']:.1f} ms"],
+        ["RAM budget / final rows / cold", f"{1024 * s['ram_budget_gb']:.0f} / {1024 * s['final_rows_gb']:.0f} / "
+                                           f"{1024 * s['cold_gb']:.0f} MiB"],
+        ["peak RSS (spilling / all in RAM)", f"{s['peak_rss_gb_spill']:.2f} / {s['peak_rss_gb_ram']:.2f} GiB"],
+        ["largest prediction difference", f"{s['max_pred_diff']:.1e} (outputs up to {s['max_abs_pred']:.1f})"],
+    ])
+    return out + source("spill_training.json", doc)
+
+
+@renderer("checkpoint", "checkpoint.json")
+def render_checkpoint(doc) -> str:
+    rows = [[r["rows"], mb(r["bytes"]), times(r["save_ratio_vs_numpy"]), times(r["restore_ratio_vs_numpy"])]
+            for r in doc["sizes"]]
+    out = table(["rows", "MB", "save / numpy", "restore / numpy"], rows)
+    s = doc["summary"]
+    out += (f"\nAt {s['at_rows']} rows: save {s['save_mb_per_s']:.0f} MiB/s, restore {s['restore_mb_per_s']:.0f} "
+            f"MiB/s.\n")
+    return out + source("checkpoint.json", doc, command=False)
+
+
+@renderer("sharded", "sharded.json")
+def render_sharded(doc) -> str:
+    cfg = doc["config"]
+    rows = [[r["devices"], times(r["ratio_vs_unsharded"]), times(r["ratio_vs_one_device"]), f"{r['max_abs_err']:.1e}"]
+            for r in doc["runs"]]
+    out = table(["devices", "time / unsharded kernel", "time / one device", "largest difference"], rows)
+    out += (f"\n{cfg['rows']} rows, d = {cfg['d_in']} → {cfg['d_out']}, {cfg['queries']} queries, forced host "
+            f"devices on {doc['summary']['cpu_count']} cores (no speed-up is possible there).\n")
+    return out + source("sharded.json", doc, command=False)
+
+
+# ---- teacher-student and reproductions ----------------------------------------------------------
+
+def _teacher_student(doc, path) -> str:
+    s = doc["summary"]
+    var = s["target_variance"]
+    rows = [[m.replace("_", " "), ", ".join(f"{k} = {v}" for k, v in s["chosen_hyperparameters"][m].items()),
+             f"{loss:.2e}", f"{loss / var:.3f}"] for m, loss in s["final_test_loss"].items()]
+    out = table(["model", "best configuration", "test MSE", "/ target variance"], rows)
+    out += (f"\n{s['samples']} samples. Growing below the parametric softmax: "
+            f"{'yes' if s['claim_gws_below_parametric'] else 'no'}; reference MLP lowest: "
+            f"{'yes' if s['claim_mlp_best'] else 'no'}.\n")
+    return out + source(path, doc)
+
+
+@renderer("teacher_student", "teacher_student.json")
+def render_teacher_student(doc) -> str:
+    return _teacher_student(doc, "teacher_student.json")
+
+
+@renderer("teacher_student_sweep1", "teacher_student_sweep1.json")
+def render_teacher_student_sweep1(doc) -> str:
+    return _teacher_student(doc, "teacher_student_sweep1.json")
+
+
+@renderer("repro", "repro")
+def render_repro(folder: Path) -> str:
+    """The ``growmem repro --table`` table (claim | paper | measured | command), from the JSONs in ``folder``."""
+    from growmem.repro import table as repro_table
+    text = repro_table.render(folder)
+    if "Not run here" in text:
+        raise RenderError(f"{folder}: some experiments have no JSON: {text.splitlines()[-1]}")
+    return text
+
+
+# ---- the README's headline table ----------------------------------------------------------------
+
+@renderer("headline", "continual.json", "repro/single-pass.json", "single_pass.json",
+          "repro/hybrid-capacity.json", "spill.json")
+def render_headline(continual, repro_single, single, hybrid, spill) -> str:
+    rows = []
+    for st in continual["config"]["streams"]:
+        s = continual["summary"][st]
+        g = s["growmem"]
+        others = [m for m in s if not m.startswith("growmem")]
+        inside = max((m for m in others if s[m]["within_budget"]), key=lambda m: s[m]["accuracy"])
+        top = max(others, key=lambda m: s[m]["accuracy"])
+        rows.append([f"{st}: final accuracy, peak memory (budget {mb(continual['config']['budget_bytes'])} MB)",
+                     f"**{g['accuracy']:.4f}** in {mb(g['bytes'])} MB",
+                     f"best within budget `{inside}` {s[inside]['accuracy']:.4f}; best overall `{top}` "
+                     f"{s[top]['accuracy']:.4f} in {mb(s[top]['bytes'])} MB", "`continual.json`"])
+    bar = repro_single["summary"]["bar"]
+    rows.append(["one pass over MNIST (B = 16, L = 2): test accuracy",
+                 ", ".join(f"{m} **{pct(b['measured'])}**" for m, b in bar.items()),
+                 "reference implementation: " + ", ".join(pct(b["reference"]) for b in bar.values()),
+                 "`repro/single-pass.json`"])
+    sp = single["summary"]
+    rows.append(["that pass (weighted softmax, fp32) on the CPU", f"**{sp['wall_s']:.0f} s**, "
+                 f"{times(sp['ratio_to_roofline'])} the roofline", f"{sp['reference_wall_s_reported']:.0f} s reported "
+                 "for the reference implementation (another machine)", "`single_pass.json`"])
+    h = hybrid["summary"]
+    best = h["goal"]["best"]
+    rows.append([f"hybrid growth (Alg. 4) on {h['dataset']}: capacity, accuracy",
+                 f"**{pct(best['capacity_fraction'])}** of full growth → {pct(best['accuracy'])}",
+                 f"full growth {pct(h['full_growth_accuracy'])}", "`repro/hybrid-capacity.json`"])
+    s = spill["summary"]
+    rows.append(["retrieval from a cold tier on disk, share of the raw read bandwidth",
+                 f"**{s['read_bandwidth_fraction']:.2f}**",
+                 f"through TensorStore {s['tensorstore_reads_fraction']:.2f}",
+                 "`spill.json`"])
+    return table(["result", "growmem", "against", "from `benchmarks/results/`"], rows)
+
+
+# ---- examples (real code, for the README) -------------------------------------------------------
+
+def example_code(name: str) -> str:
+    """``examples/NAME.py`` without its module docstring, as a fenced block."""
+    path = EXAMPLES / f"{name}.py"
+    if not path.exists():
+        raise RenderError(f"no example {path.relative_to(ROOT)}")
+    text = path.read_text()
+    tree = ast.parse(text)
+    body = text.splitlines()
+    doc = ast.get_docstring(tree, clean=False)
+    start = tree.body[0].end_lineno if doc is not None else 0
+    code = "\n".join(body[start:]).strip("\n")
+    return f"```python\n{code}\n```\n"
+
+
+# ---- README blocks and the MkDocs hook ----------------------------------------------------------
+
+def block(kind: str, name: str) -> str:
+    return render(name) if kind == "results" else example_code(name)
+
+
+def readme_text(text: str) -> str:
+    """``text`` with every generated block replaced by what it renders to now."""
+    return BLOCK.sub(lambda m: m.group(1) + block(m.group(2), m.group(3)) + m.group(5), text)
+
+
+def readme_blocks(text: str):
+    """``[(kind, name, body)]`` of the generated blocks in ``text``."""
+    return [(m.group(2), m.group(3), m.group(4)) for m in BLOCK.finditer(text)]
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    """MkDocs hook: ``<!-- results:NAME -->`` lines become NAME's rendered markdown."""
+    return PLACEHOLDER.sub(lambda m: render(m.group(1)), markdown)
+
+
+_ROLE = re.compile(r":(?:func|class|mod|data|meth|attr|exc|obj):(?=<code>)")
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    """MkDocs hook: the docstrings' Sphinx roles (``:func:`x```) read as plain code ``x``."""
+    return _ROLE.sub("", html)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("name", nargs="?", help="print one renderer's markdown")
+    p.add_argument("--readme", action="store_true", help="rewrite README.md's generated blocks")
+    p.add_argument("--check", action="store_true", help="exit 1 if README.md's generated blocks are stale")
+    p.add_argument("--list", action="store_true", help="the registered renderers and their files")
+    a = p.parse_args(argv)
+    if a.list:
+        for r in RENDERERS.values():
+            print(f"{r.name:24s} {', '.join(r.files)}")
+    elif a.name:
+        sys.stdout.write(render(a.name))
+    elif a.readme or a.check:
+        old = README.read_text()
+        new = readme_text(old)
+        if a.check:
+            if new != old:
+                print("README.md's generated blocks are stale: run python docs/render.py --readme", file=sys.stderr)
+                return 1
+        elif new != old:
+            tmp = README.with_suffix(".md.partial")
+            tmp.write_text(new)
+            tmp.replace(README)
+            print("README.md: generated blocks rewritten")
+    else:
+        p.print_help()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
