@@ -12,7 +12,7 @@ The same functions serve
 
 A renderer reads its JSON by plain indexing: a key that is missing or renamed (an older or newer
 schema) raises ``RenderError`` naming the renderer, its files and the key, never an empty block.
-The growmem package never reads ``benchmarks/``; only this file does.
+This file lives outside the growmem package, which never imports it.
 """
 from __future__ import annotations
 
