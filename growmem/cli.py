@@ -25,12 +25,7 @@ from pathlib import Path
 from typing import List, Optional
 
 
-class UsageError(Exception):
-    """A problem with the command line or its inputs: printed as one line, exit code 2."""
-
-
-class RunError(Exception):
-    """A run that failed on its way (disk full, a diverged loss): one line, exit code 1."""
+from .errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -552,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_policies(sub)
     _add_storage(sub)
+    from .data.cli import add_parser as add_data
+    add_data(sub)
     from .continual.cli import add_parser as add_continual
     add_continual(sub)
     from .repro.cli import add_parser as add_repro
@@ -581,6 +578,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from .backends.tiered import TierError
     from .config import ConfigError
+    from .data import DatasetError
     from .errors import CheckpointError
     from .locks import LockedError
 
@@ -594,7 +592,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UsageError as e:
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 2
-    except (RunError, CheckpointError, TierError, LockedError, ConfigError) as e:
+    except (RunError, CheckpointError, TierError, LockedError, ConfigError, DatasetError) as e:
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

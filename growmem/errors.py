@@ -2,7 +2,19 @@
 from __future__ import annotations
 
 
-class CheckpointError(RuntimeError):
+class GrowmemError(Exception):
+    """Base class of every error growmem raises on purpose: ``except GrowmemError`` catches them all."""
+
+
+class UsageError(GrowmemError):
+    """A problem with a command line or its inputs: the ``growmem`` command prints it as one line, exit code 2."""
+
+
+class RunError(GrowmemError):
+    """A run that failed on its way (disk full, a diverged loss): one line, exit code 1."""
+
+
+class CheckpointError(GrowmemError, RuntimeError):
     """A checkpoint cannot be written or read."""
 
 

@@ -6,6 +6,7 @@ files in each dataset's true format; no test reaches the internet (a guard refus
 import dataclasses
 import gzip
 import hashlib
+import json
 import io
 import os
 import pickle
@@ -24,7 +25,6 @@ import pytest
 import growmem.data as data
 from growmem.data import CorruptDatasetError, DatasetNotFoundError, datasets, mnist
 
-REAL_DATA = os.environ.get("GROWMEM_DATA")  # set by conftest.py to the shared data folder
 IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
@@ -35,10 +35,12 @@ class Server:
     """A local HTTP server: ``routes[path] = (kind, body, arg)``; ``requests`` lists the paths asked for.
 
     kinds: "ok" (body with its Content-Length), "status" (an error status ``body``), "truncate"
-    (announces ``len(body)`` bytes, sends ``arg`` of them and closes), "nolength" (no Content-Length)."""
+    (announces ``len(body)`` bytes, sends ``arg`` of them and closes), "nolength" (no Content-Length).
+    A ``Range: bytes=N-`` request is answered 206 with the body from byte N when ``ranges`` is true
+    (``ranges_asked`` lists them); otherwise the whole body is sent (200), as servers without ranges do."""
 
     def __init__(self):
-        self.routes, self.requests = {}, []
+        self.routes, self.requests, self.ranges, self.ranges_asked = {}, [], True, []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -48,7 +50,15 @@ class Server:
                 if kind == "status":
                     self.send_error(body)
                     return
-                self.send_response(200)
+                asked = self.headers.get("Range")
+                start = 0
+                if asked:
+                    outer.ranges_asked.append((self.path, asked))
+                    if outer.ranges and asked.startswith("bytes=") and asked.endswith("-"):
+                        start = int(asked[len("bytes="):-1])
+                self.send_response(206 if start else 200)
+                body = body[start:]
+                arg = None if arg is None else max(arg - start, 0)
                 if kind != "nolength":
                     self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -94,6 +104,7 @@ def isolated(tmp_path, monkeypatch):
     root = _Root(tmp_path / "growmem_data")
     monkeypatch.setenv("GROWMEM_DATA", str(root))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("GROWMEM_DATA_CHECKSUMS", raising=False)   # the pinned checksums, unless a test overrides
     for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setitem(datasets.DATASETS, "fashion_mnist",
@@ -101,11 +112,12 @@ def isolated(tmp_path, monkeypatch):
     real_urlopen = urllib.request.urlopen
     calls = []
 
-    def guarded(url, *a, **k):
+    def guarded(req, *a, **k):
+        url = getattr(req, "full_url", req)   # a str or a urllib.request.Request
         calls.append(url)
         host = urllib.parse.urlsplit(url).hostname
         assert host == "127.0.0.1", f"a test tried to reach {url}"
-        return real_urlopen(url, *a, **k)
+        return real_urlopen(req, *a, **k)
 
     monkeypatch.setattr(urllib.request, "urlopen", guarded)
     root.calls = calls
@@ -191,17 +203,15 @@ def closed_port_url():
 
 # --------------------------------------------------------------------------- the real MNIST
 
-def test_real_mnist_from_growmem_data_and_the_legacy_api(monkeypatch):
-    assert REAL_DATA, "conftest.py sets GROWMEM_DATA to the shared data folder"
-    monkeypatch.setenv("GROWMEM_DATA", REAL_DATA)
+def test_real_mnist_from_growmem_data_and_the_legacy_api(real_mnist):
     x, y = data.load("mnist", "test", download=False)
     assert x.shape == (10000, 784) and x.dtype == np.float32 and y.dtype == np.int32
     assert 0.0 <= x.min() and x.max() == 1.0 and sorted(set(y.tolist())) == list(range(10))
     assert y[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]  # the published first test labels
     x2, y2 = mnist.load("test", limit=100, flatten=False)
     assert x2.shape == (100, 28, 28) and np.array_equal(x2.reshape(100, -1), x[:100]) and np.array_equal(y2, y[:100])
-    assert mnist.available() and mnist.find() == Path(REAL_DATA) / "mnist"
-    assert mnist.read_idx(Path(REAL_DATA) / "mnist" / "t10k-labels-idx1-ubyte.gz").shape == (10000,)
+    assert mnist.available() and mnist.find() == real_mnist / "mnist"
+    assert mnist.read_idx(real_mnist / "mnist" / "t10k-labels-idx1-ubyte.gz").shape == (10000,)
 
 
 def test_the_shared_folder_is_not_a_fallback(monkeypatch):
@@ -436,8 +446,9 @@ def test_download_false_never_touches_the_network(isolated, server):
         mnist.load("test")  # the legacy loader never downloads unless asked
 
 
-def test_legacy_mnist_download_and_load_with_the_real_files(tmp_path, isolated, server, monkeypatch):
-    real = Path(REAL_DATA) / "mnist"
+def test_legacy_mnist_download_and_load_with_the_real_files(tmp_path, isolated, server, monkeypatch, real_mnist):
+    real = real_mnist / "mnist"
+    monkeypatch.setenv("GROWMEM_DATA", str(isolated))
     url = server.mirror("mnist", {f: (real / f).read_bytes() for f in IDX_FILES})
     monkeypatch.setitem(datasets.DATASETS, "mnist", dataclasses.replace(datasets.DATASETS["mnist"], mirrors=(url,)))
     x, y = mnist.load("test", download=True)  # verified against the pinned (real) checksums
@@ -551,3 +562,149 @@ def test_decompressed_idx_files_are_accepted_and_verified_too(tmp_path):
     np.testing.assert_array_equal(y, arrays["test"][1])
     with pytest.raises(CorruptDatasetError, match="sha256 of the decompressed content"):
         data.load("fashion_mnist", "test", data_dir=tmp_path, download=False)  # the real Fashion-MNIST pins
+
+
+# --------------------------------------------------------------------------- growmem data (the command)
+
+def _cli(capsys, *argv):
+    from growmem.cli import main
+    code = main(list(map(str, argv)))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _override(tmp_path, monkeypatch, sums, name="mnist"):
+    f = tmp_path / "sums.json"
+    f.write_text(json.dumps({name: sums}))
+    monkeypatch.setenv("GROWMEM_DATA_CHECKSUMS", str(f))
+    return f
+
+
+def test_data_list_says_where_each_dataset_is_or_would_go(isolated, tmp_path, monkeypatch, capsys):
+    files, sums, _ = tiny_idx()
+    (isolated / "mnist").mkdir(parents=True)
+    for name, body in files.items():
+        (isolated / "mnist" / name).write_bytes(body)
+    code, out, _ = _cli(capsys, "data", "list")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert sorted(lines) == data.names()
+    assert f"found in {isolated / 'mnist'}" in lines["mnist"]
+    assert f"would go to {isolated / 'cifar10'}" in lines["cifar10"] and "growmem data download cifar10" in lines["cifar10"]
+    _override(tmp_path, monkeypatch, sums)
+    code, out, _ = _cli(capsys, "data", "list", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["mnist"]["found"] == str(isolated / "mnist") and rows["mnist"]["checksums"] == "$GROWMEM_DATA_CHECKSUMS"
+    assert rows["mnist"]["bytes_on_disk"] == sum(len(b) for b in files.values())
+    assert rows["fashion_mnist"]["found"] is None and rows["fashion_mnist"]["checksums"] == "pinned"
+
+
+def test_data_download_is_checksummed_and_a_second_call_fetches_nothing(isolated, tmp_path, monkeypatch, server,
+                                                                       capsys):
+    files, sums, arrays = tiny_idx()
+    url = server.mirror("m", files)
+    code, _, err = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path / "d", "--mirror", url)
+    assert code == 1 and "checksum mismatch" in err and "growmem data download mnist" in err   # pinned sums: refused
+    assert tree(tmp_path / "d") == []                                  # nothing half-written kept
+    _override(tmp_path, monkeypatch, sums)
+    code, out, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path / "d", "--mirror", url)
+    assert code == 0 and "checksums verified" in out
+    assert tree(tmp_path / "d") == ["mnist"] + [f"mnist/{f}" for f in sorted(IDX_FILES)]
+    x, y = data.load("mnist", "test", data_dir=tmp_path / "d", download=False)
+    assert np.array_equal(y, arrays["test"][1])
+    n = len(server.requests)
+    code, out, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path / "d", "--mirror", url)
+    assert code == 0 and "already in" in out and len(server.requests) == n
+
+
+def test_data_download_resumes_a_broken_transfer_with_a_range_request(isolated, tmp_path, monkeypatch, server,
+                                                                     capsys):
+    files, sums, _ = tiny_idx(n_train=200)
+    _override(tmp_path, monkeypatch, sums)
+    big = IDX_FILES[0]
+    half = len(files[big]) // 2
+    url = server.mirror("m", files)
+    server.routes[f"/m/{big}"] = ("truncate", files[big], half)
+    code, _, err = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path, "--mirror", url)
+    assert code == 1 and "run the download again to resume" in err.splitlines()[-1]
+    part = tmp_path / "mnist" / f".{big}.part"
+    assert part.stat().st_size == half and not (tmp_path / "mnist" / big).exists()
+    code, out, _ = _cli(capsys, "data", "list", "--dir", tmp_path)
+    assert f"{half / 1e6:.1f} MB of a broken transfer kept" in out
+    server.routes[f"/m/{big}"] = ("ok", files[big], None)
+    code, out, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path, "--mirror", url)
+    assert code == 0, out
+    assert (f"/m/{big}", f"bytes={half}-") in server.ranges_asked
+    assert (tmp_path / "mnist" / big).read_bytes() == files[big] and not part.exists()
+
+
+def test_data_download_starts_over_when_the_server_ignores_the_range(isolated, tmp_path, monkeypatch, server,
+                                                                    capsys):
+    files, sums, _ = tiny_idx(n_train=200)
+    _override(tmp_path, monkeypatch, sums)
+    big = IDX_FILES[0]
+    (tmp_path / "mnist").mkdir()
+    (tmp_path / "mnist" / f".{big}.part").write_bytes(files[big][:100])
+    server.ranges = False
+    url = server.mirror("m", files)
+    code, out, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path, "--mirror", url)
+    assert code == 0 and (tmp_path / "mnist" / big).read_bytes() == files[big]
+
+
+def test_a_resumed_file_that_fails_its_checksum_is_not_kept(isolated, tmp_path, monkeypatch, server, capsys):
+    files, sums, _ = tiny_idx(n_train=200)
+    _override(tmp_path, monkeypatch, sums)
+    big = IDX_FILES[0]
+    (tmp_path / "mnist").mkdir()
+    part = tmp_path / "mnist" / f".{big}.part"
+    part.write_bytes(b"\x1f\x8b" + bytes(98))          # a damaged beginning: the finished file cannot verify
+    url = server.mirror("m", files)
+    code, out, err = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path, "--mirror", url)
+    assert code == 1 and not part.exists() and not (tmp_path / "mnist" / big).exists(), (out, err, server.requests)
+    code, _, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path, "--mirror", url)
+    assert code == 0
+
+
+def test_data_verify_names_a_damaged_file_and_fails(isolated, tmp_path, monkeypatch, capsys):
+    files, sums, _ = tiny_idx()
+    (tmp_path / "mnist").mkdir()
+    for name, body in files.items():
+        (tmp_path / "mnist" / name).write_bytes(body)
+    _override(tmp_path, monkeypatch, sums)
+    code, out, _ = _cli(capsys, "data", "verify", "mnist", "--dir", tmp_path)
+    assert code == 0 and out.count(": ok") == 4
+    # the same number of labels, one changed: a valid IDX file with other content
+    changed = np.asarray(tiny_idx()[2]["train"][1]).copy()
+    changed[0] = (changed[0] + 1) % 10
+    (tmp_path / "mnist" / IDX_FILES[1]).write_bytes(gzip.compress(idx(changed), mtime=0))
+    code, out, err = _cli(capsys, "data", "verify", "--dir", tmp_path)
+    assert code == 1 and f"{IDX_FILES[1]}: checksum mismatch" in out and "growmem data download" in err
+    assert out.count(": ok") == 3
+
+
+def test_every_missing_dataset_error_names_growmem_data_download(isolated):
+    for name in data.names():
+        with pytest.raises(DatasetNotFoundError, match=f"growmem data download {name}"):
+            data.load(name, "test", download=False)
+    with pytest.raises(DatasetNotFoundError, match="growmem data download mnist"):
+        mnist.load("test")
+    with pytest.raises(DatasetNotFoundError, match="growmem data download fashion_mnist"):
+        data.verify("fashion_mnist")
+
+
+def test_a_checksum_override_is_explicit_and_checked(isolated, tmp_path, monkeypatch):
+    files, sums, _ = tiny_idx()
+    (isolated / "mnist").mkdir(parents=True)
+    for name, body in files.items():
+        (isolated / "mnist" / name).write_bytes(body)
+    with pytest.raises(CorruptDatasetError, match="sha256"):
+        data.load("mnist", "test", download=False)                 # the pinned checksums refuse these files
+    f = _override(tmp_path, monkeypatch, sums)
+    assert data.load("mnist", "test", download=False)[0].shape == (5, 784)
+    for bad, what in (({"nope.gz": "0" * 64}, "has no file"), ({IDX_FILES[0]: "xyz"}, "not an MD5 or SHA-256")):
+        f.write_text(json.dumps({"mnist": bad}))
+        with pytest.raises(data.DatasetError, match=what):
+            data.load("mnist", "test", download=False)
+    f.write_text("{")
+    with pytest.raises(data.DatasetError, match="GROWMEM_DATA_CHECKSUMS.*cannot be read"):
+        data.load("mnist", "test", download=False)

@@ -6,8 +6,10 @@ files on this machine or downloading and verifying them on first use; see
 :mod:`growmem.data.datasets` for where files are looked for and kept. CIFAR augmentation and
 normalisation (App. F.1.1) are in :mod:`growmem.data.transforms` (imports JAX).
 """
-from .datasets import (DATASETS, CorruptDatasetError, DatasetError, DatasetNotFoundError, DatasetSpec, available,
-                       cache_dir, download, load, locate, names, read_idx, read_split, search_dirs)
+from .datasets import (CHECKSUMS_ENV, DATASETS, CorruptDatasetError, DatasetError, DatasetNotFoundError, DatasetSpec,
+                       DatasetStatus, available, cache_dir, download, load, locate, names, read_idx, read_split,
+                       search_dirs, status, verify)
 
-__all__ = ["DATASETS", "CorruptDatasetError", "DatasetError", "DatasetNotFoundError", "DatasetSpec", "available",
-           "cache_dir", "download", "load", "locate", "names", "read_idx", "read_split", "search_dirs"]
+__all__ = ["CHECKSUMS_ENV", "DATASETS", "CorruptDatasetError", "DatasetError", "DatasetNotFoundError", "DatasetSpec",
+           "DatasetStatus", "available", "cache_dir", "download", "load", "locate", "names", "read_idx", "read_split",
+           "search_dirs", "status", "verify"]

@@ -39,6 +39,7 @@ import gzip
 import hashlib
 import importlib
 import io
+import json
 import os
 import pickle
 import shutil
@@ -46,6 +47,7 @@ import struct
 import sys
 import tarfile
 import tempfile
+import urllib.error
 import urllib.request
 import zlib
 from dataclasses import dataclass, field
@@ -54,13 +56,16 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import GrowmemError
+
 __all__ = [
     "DATASETS", "DatasetSpec", "DatasetError", "DatasetNotFoundError", "CorruptDatasetError",
     "load", "locate", "download", "available", "search_dirs", "cache_dir", "read_idx", "names",
+    "DatasetStatus", "status", "verify", "CHECKSUMS_ENV",
 ]
 
 
-class DatasetError(Exception):
+class DatasetError(GrowmemError):
     """Base class of the errors raised by :mod:`growmem.data`."""
 
 
@@ -295,8 +300,44 @@ def _file_digest(path: Path, expected: str) -> str:
     return h.hexdigest()
 
 
+#: environment variable naming a JSON file of checksum overrides, ``{"mnist": {"<file>": "<hex digest>"}}``:
+#: an explicit choice (for a private copy, or generated test data), never a silent fallback
+CHECKSUMS_ENV = "GROWMEM_DATA_CHECKSUMS"
+
+
+def env_checksums(name: str) -> Dict[str, str]:
+    """The overrides ``$GROWMEM_DATA_CHECKSUMS`` gives for dataset ``name`` (``{}`` when unset).
+
+    A file that cannot be read, is not JSON of that shape, names a file the dataset does not have
+    or gives a digest that is neither MD5 nor SHA-256 raises :class:`DatasetError` naming it."""
+    path = os.environ.get(CHECKSUMS_ENV)
+    if not path:
+        return {}
+    spec = _spec(name)
+    fix = f"fix the file or unset {CHECKSUMS_ENV} to check against the published checksums"
+    try:
+        table = json.loads(Path(path).expanduser().read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"${CHECKSUMS_ENV}={path}: cannot be read as JSON ({e}); {fix}") from None
+    entry = table.get(name, {}) if isinstance(table, dict) else None
+    if not isinstance(entry, dict):
+        raise DatasetError(f"${CHECKSUMS_ENV}={path}: expected {{dataset: {{file: hex digest}}}}; {fix}")
+    known = set(spec.checksums)
+    for fname, digest in entry.items():
+        if fname not in known:
+            raise DatasetError(f"${CHECKSUMS_ENV}={path}: {name} has no file {fname!r} (its files: "
+                               f"{sorted(known)}); {fix}")
+        if not (isinstance(digest, str) and len(digest) in (32, 64)
+                and all(c in "0123456789abcdefABCDEF" for c in digest)):
+            raise DatasetError(f"${CHECKSUMS_ENV}={path}: {name}/{fname}: {digest!r} is not an MD5 or SHA-256 "
+                               f"hex digest; {fix}")
+    return {k: v.lower() for k, v in entry.items()}
+
+
 def _checksums(spec: DatasetSpec, override: Optional[Mapping[str, str]]) -> Dict[str, str]:
-    out = {**spec.checksums, **(override or {})}
+    """The digests files are checked against: the pinned ones, then ``$GROWMEM_DATA_CHECKSUMS``'s, then
+    the caller's ``checksums`` argument (each an explicit override of the one before)."""
+    out = {**spec.checksums, **env_checksums(spec.name), **(override or {})}
     return {k: v.lower() for k, v in out.items()}
 
 
@@ -504,32 +545,65 @@ def _say(msg: str) -> None:
     print(f"growmem.data: {msg}", file=sys.stderr, flush=True)
 
 
-def _fetch(url: str, folder: Path, fname: str, verify: Callable[[Path], None], timeout: float) -> Path:
-    """Download ``url`` to ``folder/fname`` through a verified temporary file."""
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{fname}.", suffix=".part", dir=folder)
-    tmp: Optional[Path] = Path(tmp_name)
+def _part_path(folder: Path, fname: str) -> Path:
+    """Where a resumable download keeps the bytes received so far (never read as data)."""
+    return folder / f".{fname}.part"
+
+
+def _fetch(url: str, folder: Path, fname: str, verify: Callable[[Path], None], timeout: float,
+           resume: bool = False) -> Path:
+    """Download ``url`` to ``folder/fname`` through a verified temporary file.
+
+    ``resume=False``: the temporary file is removed on any failure. ``resume=True``: it is
+    ``folder/.fname.part``, kept when the transfer breaks and continued with an HTTP ``Range``
+    request next time (a server that ignores the range sends the whole file again); a file that
+    fails verification is removed either way."""
+    if resume:
+        tmp: Optional[Path] = _part_path(folder, fname)
+        have = tmp.stat().st_size if tmp.is_file() else 0
+        fd = None
+    else:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{fname}.", suffix=".part", dir=folder)
+        tmp, have = Path(tmp_name), 0
+    keep_on_failure = resume
     try:
-        with os.fdopen(fd, "wb") as out:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                length = resp.headers.get("Content-Length")
-                got = 0
-                while True:
-                    chunk = resp.read(1 << 20)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    got += len(chunk)
-                if length is not None and length.strip().isdigit() and got != int(length):
-                    raise OSError(f"transfer incomplete: received {got} of {int(length)} bytes")
-            out.flush()
-            os.fsync(out.fileno())
+        req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+        try:
+            resp = urllib.request.urlopen(req, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            if not (have and e.code == 416):  # 416: the kept part is already the whole file
+                raise
+            resp = None
+        if resp is not None:
+            with resp:
+                if have and resp.status != 206:
+                    have = 0  # the server sent the whole file: start over
+                with (os.fdopen(fd, "wb") if fd is not None else open(tmp, "ab" if have else "wb")) as out:
+                    fd = None
+                    length = resp.headers.get("Content-Length")
+                    got = 0
+                    while True:
+                        chunk = resp.read(1 << 20)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                        got += len(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    if length is not None and length.strip().isdigit() and got != int(length):
+                        raise OSError(f"transfer incomplete: received {got} of {int(length)} bytes"
+                                      + (f" ({have + got} bytes kept in {tmp.name}; run the download again to "
+                                         f"resume)" if resume else ""))
+        keep_on_failure = False  # the transfer is complete: a file that fails verification is not kept
         verify(tmp)
         target = folder / fname
         os.replace(tmp, target)
         tmp = None
         return target
     finally:
-        if tmp is not None:
+        if fd is not None:
+            os.close(fd)
+        if tmp is not None and not keep_on_failure:
             try:
                 tmp.unlink()
             except FileNotFoundError:
@@ -562,7 +636,7 @@ def _verifier(spec: DatasetSpec, fname: str, checksums: Mapping[str, str]) -> Ca
 
 
 def _fetch_all(spec: DatasetSpec, folder: Path, mirrors: Sequence[str], checksums: Mapping[str, str],
-              timeout: float, fnames: Sequence[str]) -> List[Tuple[str, str]]:
+              timeout: float, fnames: Sequence[str], resume: bool = False) -> List[Tuple[str, str]]:
     """Fetch ``fnames`` into ``folder`` (made if needed). Returns the failed attempts; empty = success."""
     attempts: List[Tuple[str, str]] = []
     for fname in fnames:
@@ -570,7 +644,7 @@ def _fetch_all(spec: DatasetSpec, folder: Path, mirrors: Sequence[str], checksum
             url = (base if base.endswith("/") else base + "/") + fname
             _say(f"downloading {url} -> {folder}/")
             try:
-                _fetch(url, folder, fname, _verifier(spec, fname, checksums), timeout)
+                _fetch(url, folder, fname, _verifier(spec, fname, checksums), timeout, resume)
                 break
             except Exception as e:  # try the next mirror; KeyboardInterrupt propagates
                 attempts.append((url, _reason(e)))
@@ -606,10 +680,11 @@ def _not_found(spec, searched, target, attempts, mirrors, download: bool) -> Dat
         miss = _missing(spec, d) if d.is_dir() else None
         lines.append(f"  {d}  ({'does not exist' if miss is None else 'missing ' + ', '.join(miss)})")
     if not download:
-        lines.append(f"Nothing was downloaded (download=False); growmem.data.load({spec.name!r}, download=True) "
-                     f"fetches the files into {target}/.")
+        lines.append(f"Nothing was downloaded (download=False). Fetch it with `growmem data download {spec.name}` "
+                     f"(or growmem.data.load({spec.name!r}, download=True)): the files go into {target}/.")
     elif attempts:
-        lines.append(f"Downloading into {target}/ failed:")
+        lines.append(f"Downloading into {target}/ failed (`growmem data download {spec.name}` tries again, "
+                     f"resuming a broken transfer):")
         lines += [f"  {url}: {err}" for url, err in attempts]
     lines.append(_how_to_place(spec, target, mirrors))
     return DatasetNotFoundError("\n".join(lines), dataset=spec.name, searched=searched, attempts=attempts,
@@ -617,17 +692,21 @@ def _not_found(spec, searched, target, attempts, mirrors, download: bool) -> Dat
 
 
 def download(name: str, folder, *, mirrors: Optional[Sequence[str]] = None,
-             checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT) -> Path:
+             checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT,
+             resume: bool = False) -> Path:
     """Download ``name``'s files into exactly ``folder`` (made if needed; files already there are
     kept), verify them, and for CIFAR extract the pickles. Returns ``folder``.
 
     ``mirrors``: base URLs tried in order (each file is ``base + file name``); ``checksums``:
-    overrides of :attr:`DatasetSpec.checksums` (for a private mirror or a test server)."""
-    return _download_into(name, folder, mirrors=mirrors, checksums=checksums, timeout=timeout)
+    overrides of :attr:`DatasetSpec.checksums` (for a private mirror or a test server).
+    ``resume``: keep the bytes of a broken transfer in ``folder/.FILE.part`` and continue from them
+    on the next call (``growmem data download`` does this)."""
+    return _download_into(name, folder, mirrors=mirrors, checksums=checksums, timeout=timeout, resume=resume)
 
 
 def _download_into(name: str, folder, *, mirrors: Optional[Sequence[str]] = None,
-                   checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT) -> Path:
+                   checksums: Optional[Mapping[str, str]] = None, timeout: float = TIMEOUT,
+                   resume: bool = False) -> Path:
     spec = _spec(name)
     folder = Path(folder).expanduser()
     mirrors = tuple(mirrors) if mirrors is not None else spec.mirrors
@@ -639,7 +718,7 @@ def _download_into(name: str, folder, *, mirrors: Optional[Sequence[str]] = None
             todo = [f for f in spec.files if _idx_path(folder, f) is None]
         else:
             todo = [] if not _missing(spec, folder) or (folder / spec.files[0]).is_file() else list(spec.files)
-        attempts = _fetch_all(spec, folder, mirrors, sums, timeout, todo)
+        attempts = _fetch_all(spec, folder, mirrors, sums, timeout, todo, resume)
         if attempts:
             raise _not_found(spec, [folder], folder, attempts, mirrors, True)
         if spec.kind == "cifar" and _missing(spec, folder):
@@ -726,3 +805,67 @@ def read_split(name: str, folder, split: str = "train", *, limit: Optional[int] 
     if flatten:
         x = x.reshape(len(x), -1)
     return x, y.astype(np.int32)
+
+
+# --------------------------------------------------------------------------- status and verification
+
+#: the size of each dataset as its mirrors serve it (bytes; the MNIST-like ``.gz`` files, the CIFAR archive)
+DOWNLOAD_BYTES = {"mnist": 9912422 + 28881 + 1648877 + 4542,
+                  "fashion_mnist": 26421880 + 29515 + 4422102 + 5148,
+                  "cifar10": 170498071, "cifar100": 169001437}
+
+
+@dataclass(frozen=True)
+class DatasetStatus:
+    """Where dataset ``name`` is on this machine: ``found`` (the folder :func:`locate` would use, or
+    None), ``target`` (where a download goes), ``bytes_on_disk`` (its files there), ``download_bytes``
+    (what a download fetches), ``partial_bytes`` (bytes of a broken resumable download kept in
+    ``target``) and ``checksums`` (``"pinned"``, or ``"$GROWMEM_DATA_CHECKSUMS"`` when overridden)."""
+    name: str
+    found: Optional[Path]
+    target: Path
+    bytes_on_disk: int
+    download_bytes: int
+    partial_bytes: int
+    checksums: str
+
+
+def _data_files(spec: DatasetSpec, folder: Path) -> List[Path]:
+    if spec.kind == "idx":
+        return [p for p in (_idx_path(folder, f) for f in spec.files) if p is not None]
+    return [folder / spec.folder / m for m in spec.members if (folder / spec.folder / m).is_file()]
+
+
+def status(name: str, data_dir=None) -> DatasetStatus:
+    """Where ``name`` is (no network, no verification; see :func:`verify`)."""
+    spec = _spec(name)
+    if data_dir is not None:
+        _explicit_dir(name, data_dir)
+    found = next((d for d in search_dirs(name, data_dir) if not _missing(spec, d)), None)
+    target = cache_dir(name, data_dir)
+    parts = list(target.glob(".*.part")) if target.is_dir() else []
+    return DatasetStatus(name=name, found=found, target=target,
+                         bytes_on_disk=sum(p.stat().st_size for p in _data_files(spec, found)) if found else 0,
+                         download_bytes=DOWNLOAD_BYTES[name], partial_bytes=sum(p.stat().st_size for p in parts),
+                         checksums="$" + CHECKSUMS_ENV if env_checksums(name) else "pinned")
+
+
+def verify(name: str, data_dir=None) -> List[Tuple[Path, Optional[str]]]:
+    """Check every file of ``name`` where :func:`status` finds it against its checksum: a list of
+    ``(path, None)`` for a good file, ``(path, reason)`` for a damaged one. Raises
+    :class:`DatasetNotFoundError` (naming ``growmem data download``) when it is not on this machine."""
+    spec = _spec(name)
+    st = status(name, data_dir)
+    if st.found is None:
+        raise _not_found(spec, search_dirs(name, data_dir), st.target, [], spec.mirrors, False)
+    sums = _checksums(spec, None)
+    out: List[Tuple[Path, Optional[str]]] = []
+    keys = spec.files if spec.kind == "idx" else spec.members
+    for key, path in zip(keys, _data_files(spec, st.found)):
+        try:
+            _verifier(spec, key, sums)(path) if spec.kind == "idx" else \
+                _check(spec, path, key, _file_digest(path, sums[key]), sums[key])
+            out.append((path, None))
+        except CorruptDatasetError as e:
+            out.append((path, str(e).replace(f"{path}: ", "").replace(f" {_FIX}", "")))
+    return out
