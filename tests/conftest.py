@@ -4,28 +4,84 @@ The formulas are written straight from the paper (Eq. 1, Eq. 8 / Alg. 3, Alg. 5)
 are exposed through the ``ref`` fixture so every test file checks growmem against
 the same independent computation.
 """
+import atexit
+import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-# Datasets: the project's shared copy (MNIST) when it is there and GROWMEM_DATA is unset; the
-# package itself never assumes that folder (growmem.data searches $GROWMEM_DATA, then ~/.cache/growmem).
+import fixture_data
+
+# Datasets. Every test reads generated MNIST-format IDX files (tests/fixture_data.py), checked against
+# their own checksums through the explicit override $GROWMEM_DATA_CHECKSUMS, so the suite needs no real
+# data. Tests that need the real files take the ``real_mnist`` fixture (marked ``data``): it looks in the
+# user's $GROWMEM_DATA as it was, the project's shared copy and ~/.cache/growmem; the package itself never
+# assumes the shared folder.
 _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if _SHARED_DATA.is_dir():
-    os.environ.setdefault("GROWMEM_DATA", str(_SHARED_DATA))
+_REAL_ROOTS = [r for r in (os.environ.get("GROWMEM_DATA"), str(_SHARED_DATA),
+                           str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "growmem")) if r]
+FETCH_HINT = "needs the real MNIST files: run `growmem data download mnist` (or set GROWMEM_DATA to their folder)"
+
+
+def _make_fixture_data() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="growmem-testdata-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    sums = {"mnist": fixture_data.write_mnist(root / "mnist")}
+    (root / "checksums.json").write_text(json.dumps(sums))
+    return root
+
+
+FIXTURE_DATA = _make_fixture_data()
+os.environ["GROWMEM_DATA"] = str(FIXTURE_DATA)
+os.environ["GROWMEM_DATA_CHECKSUMS"] = str(FIXTURE_DATA / "checksums.json")
+
+
+def real_data_root(name: str = "mnist"):
+    """The first folder holding the real ``name`` files (checked against the pinned checksums'
+    names, not read), or None."""
+    from growmem.data import datasets
+    spec = datasets.DATASETS[name]
+    for root in _REAL_ROOTS:
+        for d in (Path(root) / name, Path(root)):
+            if d.is_dir() and not datasets._missing(spec, d):
+                return Path(root)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes ``real_mnist`` is a ``data`` test (``-m "not data"`` leaves them out)."""
+    for item in items:
+        if "real_mnist" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.data)
+
+
+@pytest.fixture
+def real_mnist(monkeypatch):
+    """``$GROWMEM_DATA`` pointed at the real MNIST files, with the pinned checksums (the override is
+    removed). Outside CI a machine without them skips the test, naming the command that fetches them;
+    with ``CI`` set that is a failure: nothing may skip in CI."""
+    root = real_data_root("mnist")
+    if root is None:
+        where = ", ".join(_REAL_ROOTS)
+        if os.environ.get("CI"):
+            pytest.fail(f"CI {FETCH_HINT}; searched {where}")
+        pytest.skip(f"{FETCH_HINT}; searched {where}")
+    monkeypatch.setenv("GROWMEM_DATA", str(root))
+    monkeypatch.delenv("GROWMEM_DATA_CHECKSUMS", raising=False)
+    return root
 
 
 def pytest_sessionstart(session):
     """In CI nothing may be skipped for want of data or of an extra: fail at once instead."""
     if not os.environ.get("CI"):
         return
-    from growmem.data import mnist
-    if not mnist.available():
-        raise pytest.UsageError(f"CI needs the MNIST IDX files: set GROWMEM_DATA (searched "
-                                f"{[str(d) for d in mnist.candidate_dirs(None)]})")
+    if real_data_root("mnist") is None:
+        raise pytest.UsageError(f"CI {FETCH_HINT}; searched {_REAL_ROOTS}")
     try:
         import avalanche  # noqa: F401
     except ImportError:
@@ -127,23 +183,38 @@ def small_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+def coordinator_port() -> int:
+    """A free port for a ``jax.distributed`` coordinator that no other test process can be given: each
+    pytest-xdist worker (``gw0``, ``gw1``, ...) takes ports from its own block of 500 below the kernel's
+    ephemeral range (32768+), so two workers' runs never race for one port; within a worker tests run
+    one at a time, and a port some other program holds is skipped."""
+    import socket
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    base = 20000 + 500 * (index % 24)
+    for port in range(base, base + 500):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("localhost", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {base}..{base + 499} for the jax.distributed coordinator")
+
+
 @pytest.fixture
 def distributed_run():
     """``distributed_run(script, args_of) -> logs``: start ``python script *args_of(i, port)`` for
     processes ``i = 0, 1`` with one free coordinator ``port`` (a real 2-process
     ``jax.distributed`` run on localhost, CPU), wait for both, and fail with their logs if
     either exits non-zero."""
-    import os
-    import socket
     import subprocess
     import sys
 
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 
     def run(script, args_of, n: int = 2, timeout: int = 300):
-        with socket.socket() as sock:
-            sock.bind(("localhost", 0))
-            port = sock.getsockname()[1]
+        port = coordinator_port()
         procs = [subprocess.Popen([sys.executable, str(script), *map(str, args_of(i, port))], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
         try:
@@ -156,3 +227,19 @@ def distributed_run():
         return logs
 
     return run
+
+
+def in_place_report(compiled, table_bytes: int):
+    """What XLA's buffer assignment says of a compiled, donating program (``jax.stages.Compiled``):
+    ``(aliased, temp)`` — bytes of outputs that reuse a donated input, and bytes of scratch buffers.
+    A program that updates its tables in place aliases them and needs less scratch than one table."""
+    ma = compiled.memory_analysis()
+    return ma.alias_size_in_bytes, ma.temp_size_in_bytes
+
+
+def assert_in_place(compiled, table_bytes: int, tables: int = 1):
+    """The compiled program writes its ``tables`` donated tables of ``table_bytes`` each in place: they
+    alias their inputs, and no scratch buffer as large as one of them is allocated (a copy would be)."""
+    aliased, temp = in_place_report(compiled, table_bytes)
+    assert aliased >= tables * table_bytes, f"only {aliased} B of outputs alias donated inputs ({tables} x {table_bytes} B expected)"
+    assert temp < table_bytes, f"{temp} B of scratch: a copy of a {table_bytes} B table"

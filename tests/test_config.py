@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from growmem import config, policies as P
-from growmem.data import mnist
 
 SHIPPED = ["weighted_softmax", "rbf", "gauge", "hybrid", "capped", "decaying"]
 
@@ -153,7 +152,6 @@ def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
     assert "no shipped preset" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_path):
     import json
     from growmem.cli import main

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("GROWMEM_DATA", str(ROOT.parent / "shared" / "data"))
 
 import torch  # noqa: E402
 from avalanche.benchmarks import tensors_benchmark  # noqa: E402

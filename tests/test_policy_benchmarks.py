@@ -3,8 +3,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-from growmem.data import mnist
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -23,7 +21,6 @@ def _read(out, name):
     return doc["summary"]
 
 
-@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_hybrid_growth_smoke(tmp_path):
     _main("hybrid_growth")(["--preset", "smoke", "--out", str(tmp_path)])
     s = _read(tmp_path, "hybrid_growth")
@@ -32,7 +29,6 @@ def test_hybrid_growth_smoke(tmp_path):
     assert all(0 < p["capacity_fraction"] <= 1 for p in s["points"])
 
 
-@pytest.mark.skipif(not mnist.available(), reason="MNIST files not found (see growmem.data.mnist)")
 def test_decay_bounded_smoke(tmp_path):
     _main("decay_bounded")(["--preset", "smoke", "--out", str(tmp_path)])
     s = _read(tmp_path, "decay_bounded")
