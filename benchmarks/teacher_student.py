@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from growmem import experiments
+from growmem.repro import teacher_student as experiments
 from growmem.data.teacher_student import TeacherStudent
 from growmem.reporting import pyplot, save_figure, write_json
 from growmem.repro.core import grid

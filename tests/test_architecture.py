@@ -87,7 +87,53 @@ def test_no_module_imports_a_module_that_imports_it_back():
         if v not in index:
             strong(v)
     assert not cycles, f"import cycles: {cycles}"
-    assert graph["growmem.memory"] <= {"growmem"} or not graph["growmem.memory"] - {"growmem"}
+
+
+#: the floors of the package (docs/architecture): a module may import growmem modules of lower floors
+#: only, and modules of its own package (``continual.*`` among themselves). The longest prefix decides.
+FLOORS = {
+    "errors": 0,
+    "kernels": 1, "rules": 1, "memory": 1, "keyspaces": 1, "units": 1, "locks": 1, "optim": 1,
+    "classical": 1, "reporting": 1, "runtime": 1, "data": 1,
+    "backends": 2, "nadaraya": 2,
+    "backends.sharded": 3, "backends.tiered": 3, "policies": 3,
+    "layers": 4, "train": 4,
+    "": 5, "store": 5, "config": 5, "data.teacher_student": 5,   # "": the package itself (growmem/__init__)
+    "checkpoint": 6,
+    "continual": 7, "repro": 7, "data.cli": 7,
+    "cli": 8,
+}
+
+
+def _floor(module: str):
+    rel = module[len("growmem."):] if module.startswith("growmem.") else ""
+    best = max((p for p in FLOORS if p == "" or rel == p or rel.startswith(p + ".")), key=len)
+    return best, FLOORS[best]
+
+
+def floor_violations(graph):
+    """``(importer, imported)`` pairs that break :data:`FLOORS`."""
+    bad = []
+    for m, targets in graph.items():
+        unit, level = _floor(m)
+        for t in targets:
+            t_unit, t_level = _floor(t)
+            same_package = unit != "" and t_unit.split(".")[0] == unit.split(".")[0] and t_level == level
+            if t_level >= level and not same_package and t_unit != unit:
+                bad.append((m, t))
+    return sorted(bad)
+
+
+def test_every_module_imports_only_from_the_floors_below_it():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    unplaced = [m for m in mods if _floor(m)[0] == "" and m != "growmem"]
+    assert not unplaced, f"modules with no floor in FLOORS: {unplaced}"
+    assert not floor_violations(graph), floor_violations(graph)
+    # the check itself: the bottom floor importing the trainer, or a backend importing the layers, is caught
+    assert floor_violations({"growmem.memory": {"growmem.train"}}) == [("growmem.memory", "growmem.train")]
+    assert floor_violations({"growmem.backends.tiered": {"growmem.layers"}}) != []
+    assert floor_violations({"growmem.continual.runner": {"growmem.continual.fast"}}) == []
 
 
 def test_kernels_are_told_apart_only_in_the_kernel_table():

@@ -147,7 +147,9 @@ def test_non_finite_candidates_never_enter_a_memory(bad):
             rows = mem.rows()
             assert all(np.isfinite(rows[f]).all() for f in ("w", "k", "v")), bad
         after = tr.rows_in_use()
-        assert all(after[k] - before[k] == 8 - 1 for k in after) or pol is not None
+        # the other 7 samples enter every layer, with or without the policy (τ = 0.1 is far below the
+        # distances between these random inputs and the cap of 100 is not reached)
+        assert {k: after[k] - before[k] for k in after} == {k: 8 - 1 for k in after}, (bad, pol)
         assert np.isfinite(np.asarray(tr.predict(x[[0, 1, 3]]))).all()
 
 

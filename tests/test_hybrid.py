@@ -12,6 +12,7 @@ from growmem import policies as P
 from growmem.layers import GrowingSpec, ResidualGrowingNet, rms_norm
 from growmem.rules import Rows
 from growmem.train import Trainer
+from conftest import assert_in_place
 
 
 def _hybrid_spec(b, T=2.0, eta=1.0, beta=3.0, init="zeros"):
@@ -184,9 +185,16 @@ def test_the_hybrid_update_trains_the_rows_without_copying_its_optimizer_moments
     rows = Rows(jnp.ones(b), jnp.ones((b, d)), jnp.ones((b, d)))
     grads = {"w": jnp.ones(c), "k": jnp.ones((c, d)), "v": jnp.ones((c, d))}
     step = jax.jit(lambda m, s, g: P.step(pol, m, rows, s, grads=g)[:2], donate_argnums=(0, 1))
-    hlo = step.lower(mem, pol.init(mem), grads).compile().as_text()
-    copies = [line for line in hlo.splitlines() if " copy(" in line and f"[{c},{d}]" in line]
-    assert not copies, copies[:4]
+    # rows k, v and Adam's two moments of each: six (C, d) tables written in place
+    assert_in_place(step.lower(mem, pol.init(mem), grads).compile(), c * d * 4, tables=6)
+    # the check itself: selecting between old and new moments (the bug this guards) fails it
+    def select_step(m, s, g):
+        m2, s2 = P.step(pol, m, rows, s, grads=g)[:2]
+        ok = jnp.isfinite(g["k"][0, 0])
+        return m2, jax.tree.map(lambda a, b: jnp.where(ok, a, b * 0.5), s2, s)
+    with pytest.raises(AssertionError):
+        assert_in_place(jax.jit(select_step, donate_argnums=(0, 1)).lower(mem, pol.init(mem), grads).compile(),
+                        c * d * 4, tables=6)
     # and it still trains: one step moves the stored keys, a non-finite gradient moves nothing
     out, state = step(memlib.from_rows(*(np.asarray(a)[:300] for a in (mem.w, mem.k, mem.v)), capacity=c, spec=spec),
                       pol.init(mem), grads)

@@ -39,9 +39,12 @@ def test_nadaraya_watson_kernel_is_the_normalised_gaussian_estimator():
 def test_target_rule_recovers_the_target_from_a_squared_error_gradient():
     from growmem import rules
     rng = np.random.default_rng(1)
-    q, s, y = rng.normal(size=(4, 3)), rng.normal(size=(4, 2)), rng.normal(size=(4, 2))
-    rows = rules.target(jnp.asarray(q), jnp.asarray(s), jnp.asarray(s - y))   # g = ∂½‖s−y‖²/∂s
-    np.testing.assert_allclose(np.asarray(rows.v), y, rtol=1e-6)
+    q, s, y = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((4, 3), (4, 2), (4, 2)))
+    # g: the per-sample gradient of ℓ_n = ½‖s_n − y_n‖², by autodiff (not by the formula the rule inverts)
+    g = jax.grad(lambda s_: 0.5 * jnp.sum((s_ - y) ** 2))(s)
+    rows = rules.target(q, s, g)
+    np.testing.assert_allclose(np.asarray(rows.v), np.asarray(y), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(rows.k), np.asarray(q))
     np.testing.assert_array_equal(np.asarray(rows.w), np.ones(4))
 
 
