@@ -25,6 +25,11 @@ exponential of a chunk in cache. Rows may be stored in a lower precision than ``
 (bfloat16 keys and values halve the bytes a step reads); every chunk is widened to ``q``'s
 dtype and accumulated there.
 
+**Where it runs.** On the CPU the chunked passes below run as one call of the fused native kernel
+(:mod:`growmem.native`: ``GROWMEM_KERNELS=native``, the default, for float32 queries over float32
+or bfloat16 rows); elsewhere, or with ``GROWMEM_KERNELS=xla``, as the XLA loops of this module.
+Both compute the same partials and gradients under the same custom VJP.
+
 **Gradients.** :func:`reduce` has a custom VJP: the backward pass recomputes each chunk's
 scores from the forward pass's stabiliser ``m`` (no chunk of rows is kept between the
 passes: the forward pass allocates nothing row-sized) and gives ``∂/∂q``, ``∂/∂T`` and — only
@@ -42,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from growmem import native
 
 #: default upper bound on rows per chunk (small rows); see :func:`chunk_rows`
 DEFAULT_CHUNK = 8192
@@ -353,16 +360,20 @@ def keeps_scores(b: int, n: int) -> bool:
     return b * n * 4 <= SCORE_BYTES
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _reduce(kernel: Kernel, chunk: int, row_grads: bool, q, k, v, w, c, size, temperature):
-    return _forward(kernel, chunk, q, k, v, w, c, size, temperature, keep=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _reduce(kernel: Kernel, chunk: int, row_grads: bool, isa: Optional[str], q, k, v, w, c, size, temperature):
+    return _forward(kernel, chunk, isa, q, k, v, w, c, size, temperature, keep=False)[0]
 
 
-def _forward(kernel, chunk, q, k, v, w, c, size, temperature, keep: bool):
+def _forward(kernel, chunk, isa, q, k, v, w, c, size, temperature, keep: bool):
     """``(partial, scores)``: the chunked forward pass; ``scores`` (``(N, B)`` for a small batch,
-    :func:`rows_first`, else ``(B, N)``; rows past ``size`` unset) when ``keep``, else None."""
+    :func:`rows_first`, or from the native kernel (``isa``); else ``(B, N)``; rows past ``size``
+    unset) when ``keep``, else None."""
     dt = q.dtype
     alpha = kernel.alpha(temperature, q.shape[1]).astype(dt)
+    if isa is not None:
+        (m, num, den), kept = native.forward(kernel, isa, q, k, v, w, c, size, alpha, keep)
+        return Partial(m, num, den), kept
     q2 = jnp.sum(q * q, axis=1)
     n = k.shape[0]
 
@@ -380,17 +391,34 @@ def _forward(kernel, chunk, q, k, v, w, c, size, temperature, keep: bool):
     return _fold_chunks(fn, (kernel.empty(q.shape[0], v.shape[1], dt), kept), (k, v, w, c), n, size, chunk)
 
 
-def _reduce_fwd(kernel, chunk, row_grads, q, k, v, w, c, size, temperature):
+def _reduce_fwd(kernel, chunk, row_grads, isa, q, k, v, w, c, size, temperature):
     # the backward pass needs every row's score again: kept, it reads k once (q̄ = s̄ k) instead of
     # twice (s = α q kᵀ, then q̄) — one of the five (N, d) reads of a step's forward + backward
-    p, s = _forward(kernel, chunk, q, k, v, w, c, size, temperature, keep=keeps_scores(q.shape[0], k.shape[0]))
+    p, s = _forward(kernel, chunk, isa, q, k, v, w, c, size, temperature,
+                    keep=keeps_scores(q.shape[0], k.shape[0]))
     return p, (q, k, v, w, c, size, temperature, p.m, s)
 
 
-def _reduce_bwd(kernel, chunk, row_grads, res, pbar):
+def _reduce_bwd(kernel, chunk, row_grads, isa, res, pbar):
     q, k, v, w, c, size, temperature, m, s_kept = res
     dt = q.dtype
     alpha = kernel.alpha(temperature, q.shape[1]).astype(dt)
+    if isa is not None:
+        qbar, s_sbar, kbar, vbar, wbar = native.backward(kernel, isa, q, k, v, w, c, size, alpha, m, pbar.num,
+                                                         pbar.den, s_kept, row_grads)
+    else:
+        qbar, s_sbar, kbar, vbar, wbar = _unfold_chunks(kernel, chunk, row_grads, q, k, v, w, c, size, alpha, m,
+                                                        pbar, s_kept)
+    # s ∝ 1/T  =>  ∂s/∂T = −s/T
+    tbar = (-s_sbar / temperature).astype(jnp.result_type(temperature)) if kernel.uses_temperature else None
+    cast = lambda g, a: None if g is None else g.astype(a.dtype)
+    return (qbar, cast(kbar, k), cast(vbar, v), cast(wbar, w) if w is not None else None, None, None,
+            None if tbar is None else jnp.reshape(tbar, jnp.shape(temperature)))
+
+
+def _unfold_chunks(kernel, chunk, row_grads, q, k, v, w, c, size, alpha, m, pbar, s_kept):
+    """``(q̄, Σ s̄·s, k̄, v̄, w̄)``: the chunked backward pass (XLA loops)."""
+    dt = q.dtype
     q2 = jnp.sum(q * q, axis=1)
     num_bar, den_bar = pbar.num, pbar.den
     n = k.shape[0]
@@ -414,12 +442,7 @@ def _reduce_bwd(kernel, chunk, row_grads, res, pbar):
         return (qbar + qb, s_sbar + ss, add_rows(kbar, start, kb), add_rows(vbar, start, vb),
                 add_rows(wbar, start, wb))
 
-    qbar, s_sbar, kbar, vbar, wbar = _fold_chunks(fn, init, (k, v, w, c), n, size, chunk)
-    # s ∝ 1/T  =>  ∂s/∂T = −s/T
-    tbar = (-s_sbar / temperature).astype(jnp.result_type(temperature)) if kernel.uses_temperature else None
-    cast = lambda g, a: None if g is None else g.astype(a.dtype)
-    return (qbar, cast(kbar, k), cast(vbar, v), cast(wbar, w) if w is not None else None, None, None,
-            None if tbar is None else jnp.reshape(tbar, jnp.shape(temperature)))
+    return _fold_chunks(fn, init, (k, v, w, c), n, size, chunk)
 
 
 _reduce.defvjp(_reduce_fwd, _reduce_bwd)
@@ -474,8 +497,9 @@ def reduce(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, c
     size = jnp.clip(size, 0, n)
     temperature = jnp.asarray(temperature, q.dtype)
     ch = max(1, min(chunk_rows(chunk, k, v), max(n, 1)))
-    return _reduce(kern, ch, bool(row_grads), q, k, v, w, None if coeff is None else coeff.astype(q.dtype),
-                   size, temperature)
+    coeff = None if coeff is None else coeff.astype(q.dtype)
+    return _reduce(kern, ch, bool(row_grads), native.isa_for(q, k, v, w, coeff), q, k, v, w, coeff, size,
+                   temperature)
 
 
 def retrieve(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, chunk: int = DEFAULT_CHUNK,
