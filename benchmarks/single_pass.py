@@ -17,6 +17,9 @@ run reports:
   read) at the fp32 matmul rate measured in the same process — and the roofline floor, the
   larger of the two for each window of steps, summed: at B = 16 a step does 16 multiply-adds per
   4-byte weight, so on a 2-core CPU the compute floor is of the order of the byte floor;
+* which kernel path ran (``kernels``: ``native:<instruction set>``, the fused CPU kernel of
+  :mod:`growmem.native`, or ``xla``), and the same float32 pass on the XLA path (the ``xla`` run:
+  ``GROWMEM_KERNELS=xla``), so both paths are reported by one run on the same machine;
 * the same pass with rows stored in bfloat16 (``row_dtype``), the ``gauge`` preset, the
   ``hybrid`` preset (Alg. 4: per-step time, rows, accuracy) and a memory capped at its size
   (``capacity(N, evict_smallest)``) against an unbounded memory holding the same rows, the
@@ -28,13 +31,16 @@ run reports:
     python benchmarks/single_pass.py --preset paper   # the same, every run; for a bigger machine
 
 Writes benchmarks/results/single_pass.{json,png}. ``summary``: ``wall_s``, ``accuracy``,
-``floor_s``, ``ratio_to_floor``, ``cores_used``, ``sys_fraction``, ``minor_faults_per_step`` of the
-float32 run; ``bf16.{wall_s, accuracy}``, ``gauge.{wall_s, accuracy}``, ``hybrid.{ms_per_step,
-rows, accuracy}``, ``capped.{ms_per_step, uncapped_ms_per_step_same_rows}``, ``predict``.
+``floor_s``, ``ratio_to_floor``, ``ratio_to_roofline``, ``cores_used``, ``sys_fraction``,
+``minor_faults_per_step``, ``kernels`` of the float32 run; ``xla.{wall_s, accuracy,
+ratio_to_roofline, native_speedup}``; ``bf16.{wall_s, accuracy, wall_ratio_to_fp32}``,
+``gauge.{wall_s, accuracy}``, ``hybrid.{ms_per_step, rows, accuracy}``, ``capped.{ms_per_step,
+uncapped_ms_per_step_same_rows}``, ``predict``; every run records its ``kernels`` too.
 Timings are ratios measured within one run on a shared machine: read the load average too.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import resource
@@ -50,7 +56,7 @@ import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common  # noqa: E402
-from growmem import config, policies  # noqa: E402
+from growmem import config, native, policies  # noqa: E402
 from growmem import memory as memlib  # noqa: E402
 from growmem.data import mnist  # noqa: E402
 from growmem.runtime import exec_with_huge_pages, keep_freed_memory  # noqa: E402
@@ -66,11 +72,11 @@ REFERENCE_HYBRID_S_PER_STEP = (2.2, 4.2)
 
 PRESETS = {
     "smoke": dict(n_train=640, n_test=200, sample_every=8, cap=256, cap_window=8,
-                  runs=("weighted_softmax", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=64),
+                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=64),
     "cpu": dict(n_train=60_000, n_test=10_000, sample_every=75, cap=4900, cap_window=150,
-                runs=("weighted_softmax", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=1024),
+                runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=1024),
     "paper": dict(n_train=60_000, n_test=10_000, sample_every=75, cap=4900, cap_window=300,
-                  runs=("weighted_softmax", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=2048),
+                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=2048),
 }
 
 
@@ -146,6 +152,31 @@ def step_bytes(tr) -> float:
 
 # ----------------------------------------------------------------------------- one pass
 
+@contextlib.contextmanager
+def kernels_path(path: str):
+    """Run the block on ``path`` (``native`` or ``xla``: ``GROWMEM_KERNELS``, read when a function
+    is traced, hence the cleared caches around it)."""
+    old = os.environ.get("GROWMEM_KERNELS")
+    os.environ["GROWMEM_KERNELS"] = path
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("GROWMEM_KERNELS", None)
+        else:
+            os.environ["GROWMEM_KERNELS"] = old
+        jax.clear_caches()
+
+
+def kernels_used(tr) -> str:
+    """The path the trainer's memories are reduced on now: ``native:<isa>`` or ``xla``."""
+    m = next(iter(tr.memories().values()))
+    q = jnp.zeros((1, m.d_in), jnp.float32)
+    isa = native.isa_for(q, m.k, m.v, m.w)
+    return f"native:{isa}" if isa else "xla"
+
+
 def build(preset_name, d_out, sample, *, bf16=False, policy_extra=None, capacity=None):
     pre = config.load(preset_name)
     if bf16:
@@ -163,11 +194,21 @@ def accuracy(tr, xt, yt, batch=1000) -> float:
     return float((pred == yt).mean())
 
 
+def floors(r, bw):
+    """Add the byte, compute and roofline floors of run ``r`` at the rates ``bw`` measured."""
+    r["floor_s"] = r["floor_bytes"] / bw["bytes_per_s"]
+    r["compute_floor_s"] = r["floor_flops"] / bw["matmul_flops_per_s"]
+    r["roofline_floor_s"] = sum(max(w["window_bytes"] / bw["bytes_per_s"], w["window_flops"] / bw["matmul_flops_per_s"])
+                                for w in r["records"])
+    return r
+
+
 def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None, bar=None) -> dict:
     """Train one pass; the records of wall time against rows, the sampled breakdown and rusage."""
     x, y, xt, yt = data
     b = config.load(preset_name).settings["batch_size"]
     pre, tr = build(preset_name, 10, x[:b], bf16=bf16, policy_extra=policy_extra)
+    used = kernels_used(tr)
     steps = len(x) // b
     compile_s = [0.0]
 
@@ -223,7 +264,8 @@ def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None,
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     acc = accuracy(tr, xt, yt)
-    return {"label": label, "preset": preset_name, "bf16": bf16, "steps": steps, "batch": b, "wall_s": wall,
+    return {"label": label, "preset": preset_name, "bf16": bf16, "kernels": used, "steps": steps, "batch": b,
+            "wall_s": wall,
             "compile_s": compile_s[0], "accuracy": acc, "rows": tr.rows_in_use(), "records": records,
             "parts": parts, "floor_bytes": floor_bytes, "floor_flops": floor_flops,
             "cores_used": (user + sys_) / wall,
@@ -300,11 +342,13 @@ def plot(runs, summary, out):
     a1.set_ylabel("ms per step (window mean)")
     a1.set_title("single pass over MNIST: step time against rows")
     a1.legend(fontsize=8)
-    names = ["floor", "weighted_softmax", "bf16", "gauge", "reference (reported)"]
-    vals = [summary.get("floor_s"), summary.get("wall_s"), summary.get("bf16", {}).get("wall_s"),
+    names = ["floor", "roofline", "weighted_softmax", "fp32 xla", "bf16", "gauge", "reference (reported)"]
+    vals = [summary.get("floor_s"), summary.get("roofline_floor_s"), summary.get("wall_s"),
+            summary.get("xla", {}).get("wall_s"), summary.get("bf16", {}).get("wall_s"),
             summary.get("gauge", {}).get("wall_s"), REFERENCE_WALL_S]
+    colors = dict(zip(names, ["0.6", "0.4", "C0", "C4", "C1", "C2", "C3"]))
     shown = [(n, v) for n, v in zip(names, vals) if v]
-    a2.bar([n for n, _ in shown], [v for _, v in shown], color=["0.6", "C0", "C1", "C2", "C3"][:len(shown)])
+    a2.bar([n for n, _ in shown], [v for _, v in shown], color=[colors[n] for n, _ in shown])
     a2.set_ylabel("seconds per pass")
     a2.set_title("wall time against the bandwidth floor")
     for tick in a2.get_xticklabels():
@@ -345,10 +389,7 @@ def main(argv=None):
             tr = r.pop("trainer")
             r["predict"] = predict_throughput(tr, data[2])
             del tr
-            r["floor_s"] = r["floor_bytes"] / bw["bytes_per_s"]
-            r["compute_floor_s"] = r["floor_flops"] / bw["matmul_flops_per_s"]
-            r["roofline_floor_s"] = sum(max(w["window_bytes"] / bw["bytes_per_s"],
-                                            w["window_flops"] / bw["matmul_flops_per_s"]) for w in r["records"])
+            floors(r, bw)
             runs.append(r)
             _report(bar, r)
             summary.update(wall_s=r["wall_s"], accuracy=r["accuracy"], floor_s=r["floor_s"],
@@ -357,14 +398,28 @@ def main(argv=None):
                            ratio_to_roofline=r["wall_s"] / r["roofline_floor_s"], cores_used=r["cores_used"],
                            sys_fraction=r["sys_fraction"], minor_faults_per_step=r["minor_faults_per_step"],
                            compile_s=r["compile_s"], speedup_vs_reference=REFERENCE_WALL_S / r["wall_s"],
-                           predict=r["predict"])
+                           predict=r["predict"], kernels=r["kernels"])
+        if "xla" in wanted:
+            with kernels_path("xla"):
+                r = single_pass("weighted_softmax fp32 xla", "weighted_softmax", data, cfg, bar=bar)
+                tr = r.pop("trainer")
+                r["predict"] = predict_throughput(tr, data[2])
+                del tr
+            floors(r, bw)
+            runs.append(r)
+            _report(bar, r)
+            summary["xla"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"], "kernels": r["kernels"],
+                              "ratio_to_roofline": r["wall_s"] / r["roofline_floor_s"], "predict": r["predict"],
+                              "cores_used": r["cores_used"]}
+            if "wall_s" in summary:
+                summary["xla"]["native_speedup"] = r["wall_s"] / summary["wall_s"]
         if "bf16" in wanted:
             r = single_pass("weighted_softmax bf16 rows", "weighted_softmax", data, cfg, bf16=True, bar=bar)
             r.pop("trainer")
             runs.append(r)
             _report(bar, r)
             summary["bf16"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"], "floor_s": r["floor_bytes"] /
-                               bw["bytes_per_s"]}
+                               bw["bytes_per_s"], "kernels": r["kernels"]}
             if "wall_s" in summary:
                 summary["bf16"]["wall_ratio_to_fp32"] = r["wall_s"] / summary["wall_s"]
         if "gauge" in wanted:
@@ -392,7 +447,7 @@ def main(argv=None):
     flags = {"keep_freed_memory": malloc["applied"], "huge_pages": malloc["huge_pages"]}
     for r in runs:
         r.update(flags)
-    for k in ("bf16", "gauge", "hybrid", "capped"):
+    for k in ("xla", "bf16", "gauge", "hybrid", "capped"):
         if k in summary:
             summary[k].update(flags)
     if "weighted_softmax" in wanted:
@@ -429,7 +484,11 @@ def main(argv=None):
               f"roofline {summary.get('roofline_floor_s', 0):.1f} s: ratio {summary.get('ratio_to_roofline', 0):.2f}), "
               f"{summary['speedup_vs_reference']:.2f}x the reference, "
               f"cores {summary['cores_used']:.2f}, sys {summary['sys_fraction']:.3f}, "
-              f"faults/step {summary['minor_faults_per_step']:.0f}")
+              f"faults/step {summary['minor_faults_per_step']:.0f}, kernels {summary.get('kernels')}")
+    if "xla" in summary and "wall_s" in summary:
+        x = summary["xla"]
+        print(f"fp32 on the XLA path: {x['wall_s']:.1f} s (native {x['native_speedup']:.2f}x faster), accuracy "
+              f"{x['accuracy']:.4f}, ratio to roofline {x['ratio_to_roofline']:.2f}")
     if "bf16" in summary and "wall_s" in summary:
         print(f"bf16 rows: {summary['bf16']['wall_s']:.1f} s ({summary['bf16']['wall_ratio_to_fp32']:.2f}x fp32), "
               f"accuracy {summary['bf16']['accuracy']:.4f}")
