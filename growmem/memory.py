@@ -324,12 +324,14 @@ def relocate(arrays: Sequence[jax.Array], news: Sequence[Optional[jax.Array]], k
 
 
 def evict_and_append(mem: Memory, keep, w, k, v, born, mask, *, max_moves: Optional[int] = None,
-                     extra: Sequence[jax.Array] = ()):
+                     extra: Sequence[jax.Array] = (), extra_new: Sequence[Optional[jax.Array]] = ()):
     """:func:`relocate` the memory's rows (and ``extra`` per-row arrays, whose new entries are
-    zero): ``-> (mem, extra)``. ``max_moves`` defaults to the number of candidates."""
+    ``extra_new``'s ``(B, ...)`` candidates' values, zero where None or not given):
+    ``-> (mem, extra)``. ``max_moves`` defaults to the number of candidates."""
     b = k.shape[0]
     born = jnp.broadcast_to(jnp.asarray(born, jnp.int32), (b,))
     arrays = [mem.w, mem.k, mem.v, mem.born, *extra]
-    news = [w, k, v, born] + [None] * len(extra)
+    extra_new = list(extra_new) + [None] * (len(extra) - len(extra_new))
+    news = [w, k, v, born] + extra_new
     out, new_size = relocate(arrays, news, keep, mask, mem.size, max_moves=b if max_moves is None else max_moves)
     return mem.replace(w=out[0], k=out[1], v=out[2], born=out[3], size=new_size), out[4:]

@@ -81,7 +81,7 @@ from . import backends, kernels
 from . import memory as memlib
 from .rules import Rows as _Rows
 
-ON_FULL = ("reject", "evict_oldest", "evict_smallest")
+ON_FULL = ("reject", "evict_oldest", "evict_smallest", "evict_balanced")
 #: rows per chunk of the novelty search (:func:`growmem.kernels.min_sq_distance`)
 NOVELTY_CHUNK = kernels.NOVELTY_CHUNK
 
@@ -94,6 +94,8 @@ class Growth(NamedTuple):
     mask: jax.Array       # (B,) candidates still admitted
     keep: jax.Array       # (C,) stored rows that stay (only rows in use ever stay)
     grads: Any = None     # {"w", "k", "v"}: ∂L/∂(stored rows), for policies that train rows
+    targets: Any = None   # (B, ...) the batch's targets, one per candidate (None where a layer proposes
+                          # several rows per input)
 
 
 @struct.dataclass
@@ -102,6 +104,12 @@ class RowState:
     the memory's capacity are moved, padded and zeroed with the rows."""
 
     tree: Any
+
+
+@struct.dataclass
+class Labels(RowState):
+    """The class label of every stored row (``(C,)`` ints; −1: unknown, e.g. the rows of D0), kept by
+    :func:`labels` and ``capacity(on_full="evict_balanced")``; :func:`stored_labels` finds it."""
 
 
 class Policy(NamedTuple):
@@ -119,6 +127,9 @@ class Policy(NamedTuple):
     evicts: bool = False
     name: str = "policy"
     max_rows: Optional[int] = None
+    #: ``enter(g, state) -> [(B, ...) or None per per-row leaf]``: the candidates' entries of the policy's
+    #: per-row state (:func:`row_state_leaves` order); None: zeros
+    enter: Optional[Callable] = None
 
     def __repr__(self):
         return self.name
@@ -139,8 +150,9 @@ def _coeff_none(born, t, retention):
 def policy(name: str = "custom", *, init: Optional[Callable] = None, admit: Optional[Callable] = None,
            update: Optional[Callable] = None, age: Optional[Callable] = None, evict: Optional[Callable] = None,
            coeff: Optional[Callable] = None, retention: float = 1.0, momentum: float = 0.0,
-           trains_rows: bool = False) -> Policy:
-    """Build a :class:`Policy`; the stages you leave out do nothing (state ``()``)."""
+           trains_rows: bool = False, enter: Optional[Callable] = None) -> Policy:
+    """Build a :class:`Policy`; the stages you leave out do nothing (state ``()``). ``enter(g, state)``:
+    the per-row state of the admitted candidates (see :class:`Policy`; default zeros)."""
     if not 0.0 < retention <= 1.0:
         raise ValueError(f"retention must be in (0, 1], got {retention}")
     if not 0.0 <= momentum < 1.0:
@@ -149,7 +161,8 @@ def policy(name: str = "custom", *, init: Optional[Callable] = None, admit: Opti
         raise ValueError(f"policy {name}: trains_rows=True needs an update stage")
     return Policy(init=init or _init_none, admit=admit or _pass, update=update or _pass, age=age or _pass,
                   evict=evict or _pass, coeff=coeff or _coeff_none, retention=float(retention),
-                  momentum=float(momentum), trains_rows=bool(trains_rows), evicts=evict is not None, name=name)
+                  momentum=float(momentum), trains_rows=bool(trains_rows), evicts=evict is not None, name=name,
+                  enter=enter)
 
 
 def identity() -> Policy:
@@ -200,10 +213,14 @@ def _compose(name, policies, pack, unpack, check) -> Policy:
                 c = ci if c is None else c * ci
         return c
 
+    def enter(g, state):
+        return [n for p, s in zip(policies, unpack(check(state))) for n in entering(p, g, s)]
+
     caps = [p.max_rows for p in policies if p.max_rows is not None]
     return Policy(init, stage("admit"), stage("update"), stage("age"), stage("evict"), coeff, retention,
                   momentum=sum(p.momentum for p in policies), trains_rows=any(p.trains_rows for p in policies),
-                  evicts=any(p.evicts for p in policies), name=name, max_rows=min(caps) if caps else None)
+                  evicts=any(p.evicts for p in policies), name=name, max_rows=min(caps) if caps else None,
+                  enter=enter if any(p.enter is not None for p in policies) else None)
 
 
 def chain(*policies: Policy) -> Policy:
@@ -257,8 +274,8 @@ def map_row_state(fn, state, capacity: int):
     def on_rows(node):
         if not isinstance(node, RowState):
             return node
-        return RowState(jax.tree.map(lambda a: fn(a) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == capacity
-                                     else a, node.tree))
+        return type(node)(jax.tree.map(lambda a: fn(a) if getattr(a, "ndim", 0) >= 1 and a.shape[0] == capacity
+                                       else a, node.tree))
 
     return jax.tree.map(on_rows, state, is_leaf=_is_row_state)
 
@@ -273,6 +290,22 @@ def row_state_leaves(state, capacity: int) -> list:
 def replace_row_state_leaves(state, capacity: int, leaves: list):
     it = iter(leaves)
     return map_row_state(lambda a: next(it), state, capacity)
+
+
+def entering(pol: Policy, g: "Growth", state) -> list:
+    """The candidates' entries of ``pol``'s per-row state, one per :func:`row_state_leaves` leaf (None:
+    zeros)."""
+    if pol.enter is None:
+        return [None] * len(row_state_leaves(state, g.mem.capacity))
+    return list(pol.enter(g, state))
+
+
+def stored_labels(state) -> Optional[jax.Array]:
+    """The ``(C,)`` row labels a layer's policy state keeps (:class:`Labels`), or None."""
+    found = []
+    jax.tree.map(lambda x: found.append(x.tree) if isinstance(x, Labels) else None, state,
+                 is_leaf=lambda x: isinstance(x, Labels))
+    return found[0] if found else None
 
 
 def resize_row_state(state, old: int, new: int):
@@ -309,11 +342,11 @@ class StepResult(NamedTuple):
     mask: jax.Array        # (B,) candidates that were appended
 
 
-def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None) -> StepResult:
+def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None, targets=None) -> StepResult:
     """One growth step of one memory (module docstring, steps 1–5). Pure and jittable.
 
     ``mask:(B,)`` the candidates on offer (all by default; the trainer withholds rows that are
-    not finite)."""
+    not finite); ``targets``: the batch's targets, one per candidate (for :func:`labels`)."""
     if pol.trains_rows and grads is None:
         raise ValueError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
                          f"of the stored rows; the Trainer provides them)")
@@ -321,18 +354,20 @@ def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None)
     be = backends.of(mem)
     valid = be.valid_mask(mem)
     offered = jnp.ones((rows.k.shape[0],), bool) if mask is None else jnp.asarray(mask, bool)
-    g = Growth(mem, rows, offered, valid, grads)
+    g = Growth(mem, rows, offered, valid, grads, targets)
     g, state = pol.admit(g, state)
     g, state = pol.update(g, state)
     g, state = pol.age(g, state)
     g, state = pol.evict(g, state)
     keep = g.keep & valid
     mem = g.mem
-    if not pol.evicts:
+    news = entering(pol, g, state)
+    if not pol.evicts and all(n is None for n in news):
         out = be.append(mem, rows.w, rows.k, rows.v, born, g.mask)
         return StepResult(out.replace(t=born), state, keep, g.mask)
     per_row = row_state_leaves(state, mem.capacity)
-    out, per_row = be.evict_and_append(mem, keep, rows.w, rows.k, rows.v, born, g.mask, extra=per_row)
+    kw = {"extra_new": news} if any(n is not None for n in news) else {}
+    out, per_row = be.evict_and_append(mem, keep, rows.w, rows.k, rows.v, born, g.mask, extra=per_row, **kw)
     state = replace_row_state_leaves(state, mem.capacity, per_row)
     return StepResult(out.replace(t=born), state, keep, g.mask)
 
@@ -462,7 +497,66 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
                   f"{', within_batch' if within_batch else ''})", admit=admit)
 
 
-def capacity(max_rows: int, on_full: str = "reject") -> Policy:
+def _label_dtype(n_classes: int):
+    return jnp.int8 if n_classes <= 127 else jnp.int16 if n_classes <= 32767 else jnp.int32
+
+
+def _labels_init(n_classes: int):
+    def init(mem):
+        return Labels(jnp.full((mem.capacity,), -1, _label_dtype(n_classes)))
+    return init
+
+
+def _labels_enter(name: str, n_classes: int):
+    def enter(g, state):
+        if g.targets is None or jnp.ndim(g.targets) != 1 or not jnp.issubdtype(jnp.asarray(g.targets).dtype,
+                                                                                  jnp.integer):
+            raise ValueError(f"{name} keeps each row's class label: it needs integer class targets, one per "
+                             f"candidate row (a cross-entropy loss, a layer with one row per input)")
+        return [jnp.asarray(g.targets).astype(_label_dtype(n_classes))]
+    return enter
+
+
+def _balanced_evictions(labels, born, valid, targets, mask, n_evict, n_classes: int):
+    """``(C,)`` bool: ``n_evict`` stored rows to drop so that the classes end as even as they can — one at
+    a time from the class holding the most rows (stored and admitted; unlabelled rows count as a class of
+    their own), the oldest rows of each class first."""
+    k = n_classes + 1                                   # class c at index c + 1; index 0: unlabelled (−1)
+    lab = jnp.clip(labels.astype(jnp.int32), -1, n_classes - 1) + 1
+    counts = jnp.zeros((k,), jnp.int32).at[lab].add(valid.astype(jnp.int32))
+    stored = counts
+    if targets is not None:
+        counts = counts.at[jnp.clip(jnp.asarray(targets, jnp.int32), -1, n_classes - 1) + 1].add(
+            mask.astype(jnp.int32))
+
+    def take_one(i, carry):                             # quota: evict from the largest class with stored rows
+        counts, quota = carry
+        c = jnp.argmax(jnp.where(quota < stored, counts, -1))
+        live = i < n_evict
+        return counts.at[c].add(-live.astype(jnp.int32)), quota.at[c].add(live.astype(jnp.int32))
+
+    _, quota = lax.fori_loop(0, mask.shape[0], take_one, (counts, jnp.zeros((k,), jnp.int32)))
+    # each row's age rank within its class: sort by (class, born), invalid rows last
+    key_lab = jnp.where(valid, lab, k)
+    order = jnp.lexsort((born, key_lab))
+    sorted_lab = key_lab[order]
+    start = jnp.searchsorted(sorted_lab, jnp.arange(k + 1, dtype=sorted_lab.dtype))
+    rank = jnp.zeros_like(born).at[order].set(jnp.arange(born.shape[0], dtype=born.dtype) -
+                                              start[sorted_lab].astype(born.dtype))
+    return valid & (rank < jnp.where(valid, quota[jnp.minimum(key_lab, k - 1)], 0))
+
+
+def labels(n_classes: int = 127) -> Policy:
+    """Keep the class label of every row (its sample's target) as per-row state (:class:`Labels`; 1 byte a
+    row for up to 127 classes), so rows can be told apart by class: a growing network's self-replay
+    (:class:`growmem.train.SelfReplay`) replays the inputs its first layer stores, with their labels.
+    Rows of D0 have label −1."""
+    _check_number("labels n_classes", n_classes, lambda x: int(x) == x and x >= 1, "an integer >= 1")
+    name = f"labels(n_classes={int(n_classes)})"
+    return policy(name, init=_labels_init(int(n_classes)), enter=_labels_enter(name, int(n_classes)))
+
+
+def capacity(max_rows: int, on_full: str = "reject", n_classes: int = 127) -> Policy:
     """Never hold more than ``max_rows`` rows.
 
     on_full
@@ -475,6 +569,10 @@ def capacity(max_rows: int, on_full: str = "reject") -> Policy:
       ``evict_smallest`` stored rows and admitted candidates compete: the ``max_rows`` with
                          the largest :func:`significance` (``max(|w|, ‖ṽ‖)``) stay; ties go
                          against the older row
+      ``evict_balanced`` like ``evict_oldest``, but the rows that leave are the oldest of the class
+                         holding the most rows (each row's class is kept, as :func:`labels`
+                         keeps it, for up to ``n_classes`` classes): a class-balanced memory
+                         that forgets no class first
 
     Evicting modes rank the rows in use (a sort of C scores) and then move only the rows that
     change: the candidates take the evicted rows' places.
@@ -491,10 +589,13 @@ def capacity(max_rows: int, on_full: str = "reject") -> Policy:
             keep = _first(valid, max_rows)
             room = max_rows - keep.sum(dtype=jnp.int32)
             return g._replace(keep=keep, mask=_first(mask, room)), state
-        if on_full == "evict_oldest":
+        if on_full in ("evict_oldest", "evict_balanced"):
             mask = _last(mask, max_rows)
             n_evict = jnp.maximum(valid.sum(dtype=jnp.int32) + mask.sum(dtype=jnp.int32) - max_rows, 0)
-            out = _smallest(mem.born, valid, n_evict, mask.shape[0])
+            if on_full == "evict_balanced":
+                out = _balanced_evictions(state.tree, mem.born, valid, g.targets, mask, n_evict, int(n_classes))
+            else:
+                out = _smallest(mem.born, valid, n_evict, mask.shape[0])
             return g._replace(keep=valid & ~out, mask=mask), state
         # evict_smallest: stored rows (older, by born) and then candidates, in one ranking
         c = valid.shape[0]
@@ -505,7 +606,12 @@ def capacity(max_rows: int, on_full: str = "reject") -> Policy:
         stay = both & ~_smallest(score, both, n_evict, mask.shape[0], age_key)
         return g._replace(keep=stay[:c], mask=stay[c:]), state
 
-    return policy(f"capacity(max_rows={max_rows}, on_full={on_full})", evict=evict)._replace(max_rows=max_rows)
+    name = f"capacity(max_rows={max_rows}, on_full={on_full})"
+    if on_full == "evict_balanced":
+        _check_number("capacity n_classes", n_classes, lambda x: int(x) == x and x >= 1, "an integer >= 1")
+        return policy(name, init=_labels_init(int(n_classes)), evict=evict,
+                      enter=_labels_enter(name, int(n_classes)))._replace(max_rows=max_rows)
+    return policy(name, evict=evict)._replace(max_rows=max_rows)
 
 
 def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
@@ -637,4 +743,5 @@ def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
 
 
 #: built-in policy factories by name (the TOML presets use these names)
-BUILTINS = {"novelty": novelty, "capacity": capacity, "weight_decay": weight_decay, "momentum": momentum}
+BUILTINS = {"novelty": novelty, "capacity": capacity, "weight_decay": weight_decay, "momentum": momentum,
+            "labels": labels}

@@ -20,6 +20,7 @@ O(log N) compilations; spill to disk past a RAM budget) and never looks at the r
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from jax import lax
 from flax.traverse_util import flatten_dict, unflatten_dict
 
 from . import backends
@@ -50,7 +52,19 @@ def squared_error(pred, target):
     return jnp.mean(jnp.sum((pred - target) ** 2, axis=-1))
 
 
-LOSSES = {"cross_entropy": cross_entropy, "squared_error": squared_error}
+def cross_entropy_present(logits, labels):
+    """Mean softmax cross-entropy over the classes present in the batch only (the "labels trick" of
+    Zeno et al., 2018): a class absent from the batch gets no gradient, so a growing layer's new rows
+    (``ṽ = −βg``) write no negative values onto the classes of earlier experiences."""
+    present = jnp.any(jax.nn.one_hot(labels, logits.shape[-1], dtype=bool), axis=0)
+    masked = jnp.where(present[None, :], logits, jnp.finfo(logits.dtype).min / 2)
+    return optax.softmax_cross_entropy_with_integer_labels(masked, labels).mean()
+
+
+LOSSES = {"cross_entropy": cross_entropy, "cross_entropy_present": cross_entropy_present,
+          "squared_error": squared_error}
+#: losses over integer class labels (their labels are checked against the model's classes)
+CLASS_LOSSES = (cross_entropy, cross_entropy_present)
 
 
 def get_loss(loss):
@@ -148,13 +162,14 @@ def bad_samples(oks, batch_size: int) -> jax.Array:
     return bad
 
 
-def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None):
+def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None, targets=None):
     """Steps 3–4 for every growing layer: ``-> (collections, policy_state, dropped)``.
 
     ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with respect to
     the ``"s"`` perturbations, keyed like the memory collection; a layer's policy (installed in
     its memory) runs with its state from ``policy_state`` (its ``init`` state when absent);
-    ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows.
+    ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows; ``targets`` (the
+    batch's) reach the policies of layers with one candidate row per input.
 
     A candidate row that is not finite (a NaN or inf input, an overflowing rule) never enters
     a memory, whatever the policy, and neither do the other rows of its sample: a NaN target
@@ -188,7 +203,8 @@ def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=No
             new[path] = mem.replace(t=mem.t + 1)
             continue
         state = policy_state[key] if key in policy_state else pol.init(mem)
-        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key), mask=ok)
+        per_row_targets = targets if (targets is not None and rows.w.shape[0] == batch_size) else None
+        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key), mask=ok, targets=per_row_targets)
         policy_state[key] = res.state
         new[path] = res.mem
     collections = set_memories(collections, new) if new else collections
@@ -213,6 +229,7 @@ class StepGrads(NamedTuple):
     g: Any                 # ∂L/∂s of every growing layer (the gradients of the "s" perturbations)
     g_params: Any          # ∂L/∂params of the parametric parameters
     row_grads: Any         # {layer key: ∂L/∂(w, k, ṽ)} of layers whose policy trains rows, or None
+    targets: Any = None    # the batch's targets (policies that keep per-row labels read them)
 
 
 def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
@@ -236,7 +253,7 @@ def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
     else:
         (loss, inter), (g_params, g_perts) = jax.value_and_grad(
             objective, argnums=(0, 1), has_aux=True)(state.params, perts)
-    return StepGrads(loss, inter, g_perts, g_params, row_grads)
+    return StepGrads(loss, inter, g_perts, g_params, row_grads, y)
 
 
 def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int):
@@ -251,7 +268,8 @@ def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int):
     dropped = jnp.zeros((), jnp.int32)
     if "memory" in collections:
         collections, policy_state, dropped = grow(collections, grads.intermediates, grads.g, batch_size,
-                                                  policy_state=policy_state, row_grads=grads.row_grads)
+                                                  policy_state=policy_state, row_grads=grads.row_grads,
+                                                  targets=grads.targets)
     new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state,
                               policy_state=policy_state)
     return new_state, {"loss": grads.loss, "dropped_rows": dropped}
@@ -282,6 +300,37 @@ def _per_layer(what: str, value, paths, default=None) -> Dict[tuple, Any]:
     return {p: value for p in paths}
 
 
+@dataclasses.dataclass(frozen=True)
+class SelfReplay:
+    """Rehearsal from the network's own memory: every step adds ``samples`` rows of ``layer`` (default:
+    the first growing layer, ``block_0`` or ``readout``) to the batch as training samples, drawn
+    uniformly with replacement among its rows of known class (``seed``, the step: the same draws on a
+    resume). A row's key is its sample's input — the first layer of a :class:`~growmem.layers.ResidualGrowingNet`
+    is queried with ``RMSNorm(x)``, which RMSNorm maps to itself — and its class is what the layer's
+    :func:`growmem.policies.labels` (or ``capacity(on_full="evict_balanced")``) policy keeps: replay costs
+    no bytes beyond the rows and their one-byte labels. Replayed samples grow the memories like any
+    others; until the layer holds a labelled row nothing is replayed."""
+
+    samples: int
+    layer: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise ValueError(f"SelfReplay samples must be an integer >= 1, got {self.samples!r}")
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _draw_rows(k, size, labels, key, n: int):
+    """``n`` rows among those in use with a label >= 0: ``(keys float32 (n, d), labels int32 (n,), count)``."""
+    ok = (jnp.arange(labels.shape[0]) < size) & (labels >= 0)
+    count = ok.sum(dtype=jnp.int32)
+    idx = jax.random.choice(key, labels.shape[0], (n,), p=ok / jnp.maximum(count, 1))
+    rows = lax.bitcast_convert_type(lax.bitcast_convert_type(k, jnp.uint16)[idx], jnp.bfloat16) \
+        if k.dtype == jnp.bfloat16 else k[idx]
+    return rows.astype(jnp.float32), labels[idx].astype(jnp.int32), count
+
+
 class Trainer:
     """Host-side driver: initialises a model, makes room in every memory, runs jitted steps.
 
@@ -305,9 +354,11 @@ class Trainer:
 
     def __init__(self, model, *, loss="cross_entropy", tx: Optional[optax.GradientTransformation] = None,
                  sample_input=None, rng=None, variables=None, growth: float = 2.0, policy=None, backend=None,
-                 donate: bool = True):
+                 donate: bool = True, replay: Optional[SelfReplay] = None):
         self.model = model
         self.loss_fn = get_loss(loss)
+        self.replay = replay
+        self._replay_path = None
         self.tx = tx
         if growth <= 1.0:
             raise ValueError(f"growth factor must be > 1, got {growth}")
@@ -460,7 +511,7 @@ class Trainer:
         cross-entropy loss, a batch of another size than its labels."""
         if len(x) != len(y):
             raise ValueError(f"the batch has {len(x)} inputs but {len(y)} targets")
-        if self.loss_fn is cross_entropy and self.d_out is not None:
+        if self.loss_fn in CLASS_LOSSES and self.d_out is not None:
             labels = np.asarray(y)
             if not np.issubdtype(labels.dtype, np.integer):
                 raise ValueError(f"cross-entropy needs integer class labels, got {labels.dtype}")
@@ -474,6 +525,8 @@ class Trainer:
         (device scalars: reading them syncs). Rows that are not finite never enter a memory."""
         self.check_batch(x, y)
         x = jnp.asarray(x)
+        if self.replay is not None:
+            x, y = self._with_replay(x, y)
         b = x.shape[0]
         if self._per_input is None:
             self._per_input = rows_per_input(self.model, self.variables, x)
@@ -483,6 +536,39 @@ class Trainer:
         for path in self._bound:
             self._bound[path] = _capped(self._bound[path] + b * self._rows_per(path), self._limit.get(path))
         return metrics
+
+    def _replay_layer(self) -> tuple:
+        """The path of the layer :class:`SelfReplay` draws from (checked once: it must be the network's
+        first growing layer, whose keys are the normalised inputs, and keep its rows' labels)."""
+        if self._replay_path is not None:
+            return self._replay_path
+        mems = self.memories()
+        first = sorted(mems, key=lambda p: (p != ("block_0",), p != ("readout",), p))[0]
+        want = tuple(self.replay.layer.split("/")) if self.replay.layer else first
+        if want != first:
+            raise ValueError(f"SelfReplay replays the keys of the network's first growing layer ({layer_key(first)}), "
+                             f"which are its inputs; got layer {self.replay.layer!r}")
+        mem = mems[want]
+        if mem.policy is None or polib.stored_labels(jax.eval_shape(mem.policy.init, mem)) is None:
+            raise ValueError(f"SelfReplay needs the labels of {layer_key(want)}'s rows: give that layer a "
+                             f"policies.labels() (or capacity(on_full='evict_balanced')) policy")
+        self._replay_path = want
+        return want
+
+    def _with_replay(self, x, y):
+        """``(x, y)`` with :class:`SelfReplay`'s samples appended (unchanged while no row is labelled)."""
+        path = self._replay_layer()
+        state = (self.state.policy_state or {}).get(layer_key(path))
+        labels = polib.stored_labels(state)
+        if labels is None:          # before the first step: nothing stored yet
+            return x, y
+        mem = self.memories()[path]
+        key = jax.random.fold_in(jax.random.key(self.replay.seed), int(self.state.step))
+        xr, yr, count = _draw_rows(mem.k, mem.size, labels, key, self.replay.samples)
+        if int(count) == 0:
+            return x, y
+        return jnp.concatenate([x, xr.astype(x.dtype).reshape((-1,) + x.shape[1:])]), \
+            jnp.concatenate([jnp.asarray(y), yr.astype(jnp.asarray(y).dtype)])
 
     def _rows_per(self, path) -> int:
         return 1 if self._per_input is None else self._per_input.get(path, 1)

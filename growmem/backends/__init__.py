@@ -66,8 +66,8 @@ class RAM:
     def append(self, mem, w, k, v, born, mask=None):
         return memlib.append(mem, w, k, v, born, mask)
 
-    def evict_and_append(self, mem, keep, w, k, v, born, mask, extra=()):
-        return memlib.evict_and_append(mem, keep, w, k, v, born, mask, extra=extra)
+    def evict_and_append(self, mem, keep, w, k, v, born, mask, extra=(), extra_new=()):
+        return memlib.evict_and_append(mem, keep, w, k, v, born, mask, extra=extra, extra_new=extra_new)
 
     # ------------------------------------------------------------------ on the host
     def register(self, mem, name: str = "memory"):
