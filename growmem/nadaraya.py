@@ -181,6 +181,46 @@ def _loo_margins(log_t, mem, rows, labels, *, chunk):
     return py - other
 
 
+def class_ids(y, n: int, n_classes: int) -> np.ndarray:
+    """``y`` as ``n`` int64 class ids in ``[0, n_classes)`` (integral floats accepted), or a ValueError
+    naming the bad label."""
+    y = np.asarray(y).reshape(-1)
+    if len(y) != n:
+        raise ValueError(f"got {len(y)} labels for {n} inputs")
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise ValueError("class labels must be integers")
+    y = y.astype(np.int64)
+    if len(y) and (y.min() < 0 or y.max() >= n_classes):
+        raise ValueError(f"label {int(y.min() if y.min() < 0 else y.max())} is outside the memory's "
+                         f"{n_classes} classes")
+    return y
+
+
+def eviction_marks(labels: List[np.ndarray], excess: int, n_classes: int, victims) -> List[np.ndarray]:
+    """Which rows to evict so that ``excess`` fewer remain: ``labels[j]`` holds the class of every row
+    of regime ``j``; rows leave the largest (regime, class) group among those not yet marked, at most
+    a fiftieth of it at a time (so the groups end balanced), chosen by ``victims(j, c, idx, n)`` (``n``
+    of the group's row indices ``idx``). Returns one bool mask per regime (True: evict)."""
+    drop = [np.zeros(len(lab), bool) for lab in labels]
+    left = int(excess)
+    while left > 0:
+        best, best_n = None, 0
+        for j, lab in enumerate(labels):
+            counts = np.bincount(lab[~drop[j]], minlength=n_classes)
+            c = int(np.argmax(counts))
+            if counts[c] > best_n:
+                best, best_n = (j, c), int(counts[c])
+        if best is None:
+            break
+        j, c = best
+        idx = np.flatnonzero((labels[j] == c) & ~drop[j])
+        n = min(left, max(1, len(idx) // 50))
+        drop[j][victims(j, c, idx, n)] = True
+        left -= n
+    return drop
+
+
 #: capacities follow one ladder (×1.125, whole 256-row quanta) shared by every regime, so the
 #: compiled functions see few shapes; a regime's capacity is the rung of its rows (at most
 #: 12.5 % + one quantum more), which lets a budget bound the rows as allocated, not only in use
@@ -281,17 +321,7 @@ class TargetMemory:
     def _targets(self, y, n: int) -> np.ndarray:
         y = np.asarray(y)
         if self.classify:
-            y = y.reshape(-1)
-            if len(y) != n:
-                raise ValueError(f"got {len(y)} labels for {n} inputs")
-            if not np.issubdtype(y.dtype, np.integer):
-                if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-                    raise ValueError("class labels must be integers")
-                y = y.astype(np.int64)
-            if len(y) and (y.min() < 0 or y.max() >= self.d_out):
-                raise ValueError(f"label {int(y.min() if y.min() < 0 else y.max())} is outside the memory's "
-                                 f"{self.d_out} classes")
-            return np.eye(self.d_out, dtype=np.float32)[y]
+            return np.eye(self.d_out, dtype=np.float32)[class_ids(y, n, self.d_out)]
         y = np.asarray(y, np.float32).reshape(n, -1)
         if y.shape[1] != self.d_out:
             raise ValueError(f"targets have {y.shape[1]} values per sample, the memory holds {self.d_out}")
@@ -381,23 +411,7 @@ class TargetMemory:
         excess = self.rows_in_use() - cap
         if excess <= 0:
             return 0
-        drop = [np.zeros(len(lab), bool) for lab in self.labels]
-        left = excess
-        while left > 0:
-            # the largest (regime, class) group among the rows not yet marked
-            best, best_n = None, 0
-            for j, lab in enumerate(self.labels):
-                counts = np.bincount(lab[~drop[j]], minlength=self.d_out)
-                c = int(np.argmax(counts))
-                if counts[c] > best_n:
-                    best, best_n = (j, c), int(counts[c])
-            if best is None:
-                break
-            j, c = best
-            idx = np.flatnonzero((self.labels[j] == c) & ~drop[j])
-            n = min(left, max(1, len(idx) // 50))
-            drop[j][self._victims(j, c, idx, n)] = True
-            left -= n
+        drop = eviction_marks(self.labels, excess, self.d_out, self._victims)
         total = 0
         for j, d in enumerate(drop):
             if d.any():
