@@ -28,11 +28,19 @@ refused: cold rows are never trained, and a cap keeps a memory in RAM anyway.
 
 Failures: an unwritable location raises :class:`TierError`; a failed spill (e.g. disk full)
 raises :class:`TierWriteError` before the step and leaves the memory exactly as it was.
+
+Integrity: every write records the CRC32 of the rows it wrote, per chunk and field, in the
+tier's manifest (``tier.json``, rewritten atomically with the row count). A resume
+(:meth:`ColdTier.checked`) and ``growmem inspect`` read the rows a checkpoint refers to back and
+check them (:meth:`ColdTier.verify`): a missing, truncated or damaged chunk file is an error
+naming the file, never rows of zeros. Reads during training do not recompute checksums, except
+for a chunk whose file is missing, which is an error unless its rows were all the fill value.
 Combined with :class:`growmem.backends.sharded.Sharded` (``Sharded(mesh, tiered=Tiered(...))``)
 every shard has its own tier (``directory/<layer>/shard-<s>``) and its own budget.
 """
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import dataclasses
 import errno
@@ -42,7 +50,8 @@ import os
 import sys
 import threading
 import uuid
-from typing import Any, Callable, Dict, Optional
+import zlib
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -51,13 +60,14 @@ from flax import struct
 
 from .. import kernels, locks
 from .. import memory as memlib
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError, GrowmemError
 from . import RAM, _temperature
 
 FIELDS = memlib.FIELDS
 MANIFEST = "tier.json"
 TIER_FORMAT = "growmem-tier"
-TIER_VERSION = 1
+#: 2: the manifest holds the checksums of the rows written (``checksums``)
+TIER_VERSION = 2
 #: target bytes of one cold chunk (key + value rows) when ``chunk_rows`` is not given
 COLD_CHUNK_BYTES = 16 << 20
 #: whole chunks of a tier in a local folder are read straight from their files (see :func:`read_chunk_file`)
@@ -165,7 +175,7 @@ def read_chunk_file(path: str, nbytes: int, direct: bool = True) -> Optional[np.
     return raw[off:off + nbytes]
 
 
-class TierError(RuntimeError):
+class TierError(GrowmemError, RuntimeError):
     """The cold tier cannot be created, opened or read."""
 
 
@@ -209,6 +219,22 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_-." else "_" for c in name) or "memory"
 
 
+def _crc32(a: np.ndarray) -> int:
+    return zlib.crc32(np.require(a, requirements="C").reshape(-1).view(np.uint8)) & 0xFFFFFFFF
+
+
+def checksums_of(rows: Dict[str, np.ndarray], lo: int, chunk_rows: int) -> List[list]:
+    """``[[a, b, crc_w, crc_k, crc_v, crc_born], ...]``: the CRC32 of rows ``lo, lo + 1, …`` (as
+    stored: the tier's dtypes, C order), one entry per chunk they fall in."""
+    n = len(rows["w"])
+    out, a = [], lo
+    while a < lo + n:
+        b = min(lo + n, (a // chunk_rows + 1) * chunk_rows)
+        out.append([a, b] + [_crc32(rows[f][a - lo:b - lo]) for f in FIELDS])
+        a = b
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # one cold tier on disk
 
@@ -227,6 +253,7 @@ class ColdTier:
         self.rows = int(manifest["rows_cold"])
         self.spec = manifest.get("spec")
         self.owner = manifest.get("owner")
+        self._set_checksums(manifest.get("checksums", []))
         self.read_only = read_only
         self._lock = threading.Lock()
         self._arrays = self._open_arrays(self.generation, create=False)
@@ -274,7 +301,7 @@ class ColdTier:
                             f"its rows (Tiered(..., overwrite=True) does it)")
         manifest = {"format": TIER_FORMAT, "version": TIER_VERSION, "d_in": int(d_in), "d_out": int(d_out),
                     "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows), "generation": 0, "rows_cold": 0,
-                    "spec": spec_json, "owner": owner or uuid.uuid4().hex}
+                    "spec": spec_json, "owner": owner or uuid.uuid4().hex, "checksums": []}
         self = cls.__new__(cls)
         self.url, self.d_in, self.d_out, self.dtype = url, int(d_in), int(d_out), np.dtype(dtype)
         self.chunk_rows = int(chunk_rows)
@@ -306,18 +333,92 @@ class ColdTier:
             raise TierError(f"{url}{MANIFEST} is truncated or corrupt: {e}") from None
         if m.get("format") != TIER_FORMAT or m.get("version") != TIER_VERSION:
             raise TierError(f"{url} holds tier format {m.get('format')!r} version {m.get('version')}; "
-                            f"this growmem reads {TIER_FORMAT!r} version {TIER_VERSION}")
+                            f"this growmem reads {TIER_FORMAT!r} version {TIER_VERSION} (version 1 had no "
+                            f"checksums of its rows): use the growmem version that wrote it, or start a new run")
         return m
+
+    @classmethod
+    def checked(cls, ref: dict, name: str, *, read_only: bool = False, verify: bool = True) -> "ColdTier":
+        """The tier a checkpoint refers to (``ref``: :meth:`ColdStore.reference`), checked: written
+        by the same run (``owner``), at the same generation, holding at least the checkpoint's rows
+        (:class:`TierError` otherwise) and, with ``verify``, those rows matching the checksums
+        written with them (:class:`growmem.errors.CorruptCheckpointError` naming the file)."""
+        url = ref["url"]
+        manifest = cls.read_manifest(url)
+        if ref.get("owner") and manifest.get("owner") != ref["owner"]:
+            raise TierError(f"the cold tier at {url} holds the rows of run {manifest.get('owner')}, not of run "
+                            f"{ref['owner']} that wrote this checkpoint of {name} (another run spilled into the "
+                            f"same folder); resume with the spill folder this run used")
+        if int(manifest["generation"]) != int(ref["generation"]):
+            raise TierError(f"the checkpoint of {name} refers to generation {ref['generation']} of the cold tier at "
+                            f"{url}, which is now at generation {manifest['generation']} (rows were compacted since)")
+        if int(manifest["rows_cold"]) < int(ref["rows_cold"]):
+            raise TierError(f"the checkpoint of {name} refers to {ref['rows_cold']} cold rows at {url} but the tier "
+                            f"holds only {manifest['rows_cold']}")
+        tier = cls(url, manifest, read_only=read_only)
+        if verify:
+            try:
+                tier.verify(int(ref["rows_cold"]))
+            except TierError as e:
+                raise CorruptCheckpointError(f"the cold rows of {name}: {e}") from None
+        return tier
 
     @staticmethod
     def _write_manifest(kv, manifest):
         # a kvstore write of one small value is atomic (the file driver writes a temporary and renames)
         kv.write(MANIFEST, json.dumps(manifest).encode()).result()
 
-    def manifest(self) -> dict:
+    def manifest(self, checksums: Optional[List[list]] = None) -> dict:
         return {"format": TIER_FORMAT, "version": TIER_VERSION, "d_in": self.d_in, "d_out": self.d_out,
                 "dtype": str(self.dtype), "chunk_rows": self.chunk_rows, "generation": self.generation,
-                "rows_cold": self.rows, "spec": self.spec, "owner": self.owner}
+                "rows_cold": self.rows, "spec": self.spec, "owner": self.owner,
+                "checksums": self.checksums if checksums is None else checksums}
+
+    def _set_checksums(self, checksums):
+        self.checksums = [list(c) for c in checksums]
+        self._checksum_starts = [c[0] for c in self.checksums]
+
+    def chunk_key(self, f: str, j: int, generation: Optional[int] = None) -> str:
+        """The kvstore key of chunk ``j`` of field ``f`` (zarr v3 default keys) under the tier's URL."""
+        g = self.generation if generation is None else generation
+        return f"gen-{g}/{f}/c/{j}" + ("/0" if self.shapes()[f] else "")
+
+    def _chunk_name(self, f: str, j: int, generation: Optional[int] = None) -> str:
+        key = self.chunk_key(f, j, generation)
+        path = local_path(self.url)
+        return f"chunk file {os.path.join(path, key)}" if path is not None else f"chunk {self.url}{key}"
+
+    def check_chunk(self, j: int, rows: Dict[str, np.ndarray], checksums=None, generation: Optional[int] = None):
+        """Check the rows read of chunk ``j`` (``{field: rows from the chunk's first}``, any subset
+        of the fields) against the checksums written with them; :class:`TierError` names the
+        chunk file (missing, or damaged) of the first that differs."""
+        sums, starts = (self.checksums, self._checksum_starts) if checksums is None else \
+            (checksums, [c[0] for c in checksums])
+        c = self.chunk_rows
+        lo = j * c
+        for p in sums[bisect.bisect_left(starts, lo):bisect.bisect_left(starts, lo + c)]:
+            for i, f in enumerate(FIELDS):
+                a = rows.get(f)
+                if a is None or p[1] - lo > len(a):
+                    continue
+                if _crc32(np.asarray(a, self.dt(f))[p[0] - lo:p[1] - lo]) != p[2 + i]:
+                    name = self._chunk_name(f, j, generation)
+                    path = local_path(self.url)
+                    missing = path is not None and not os.path.exists(os.path.join(path, self.chunk_key(f, j,
+                                                                                                       generation)))
+                    what = "is missing" if missing else "does not match its checksum (damaged)"
+                    raise TierError(f"the cold tier at {self.url} is damaged: {name} {what}, so its rows "
+                                    f"{p[0]}-{p[1] - 1} of {f} are lost; restore a checkpoint with fewer cold rows, "
+                                    f"or start a new run")
+
+    def verify(self, n: Optional[int] = None) -> int:
+        """Read the first ``n`` cold rows (default: all) and check them against the checksums
+        written with them (:meth:`check_chunk`); returns the rows checked. Every row must have its
+        checksum: :class:`TierError` otherwise."""
+        n = self.rows if n is None else min(int(n), self.rows)
+        for _ in self.chunks(n=n, verify=True):
+            pass
+        return n
 
     def _open_arrays(self, generation: int, create: bool):
         import tensorstore as ts
@@ -359,13 +460,17 @@ class ColdTier:
                     resized[f] = arr.resize(exclusive_max=[new_total, *arr.shape[1:]]).result()
                 # chunk-aligned slabs of at most ~256 MiB per field bound the temporaries
                 step = max(self.chunk_rows, (256 << 20) // max(1, self.row_bytes) // self.chunk_rows * self.chunk_rows)
+                sums = list(self.checksums)
                 for lo in range(0, n, step):
                     hi = min(n, lo + step)
                     futs = [resized[f][old + lo:old + hi].write(rows[f][lo:hi]) for f in FIELDS]
+                    # the checksums of what is being written, while TensorStore writes it
+                    sums += checksums_of({f: rows[f][lo:hi] for f in FIELDS}, old + lo, self.chunk_rows)
                     for fu in futs:
                         fu.result()
                 self.rows = new_total
-                self._write_manifest(self._kv(self.url), self.manifest())
+                self._write_manifest(self._kv(self.url), self.manifest(sums))
+                self._set_checksums(sums)
             except Exception as e:
                 self.rows = old
                 for f, arr in resized.items():  # best-effort rollback of the array shapes
@@ -387,7 +492,13 @@ class ColdTier:
             return
         if n > self.rows:
             raise TierError(f"the tier at {self.url} holds {self.rows} cold rows, fewer than {n}")
+        sums = [c for c in self.checksums if c[1] <= n]
+        cut = [c for c in self.checksums if c[0] < n < c[1]]
+        if cut:   # n inside a write (never at a checkpoint's rows): the checksum of the rows kept of it
+            lo = cut[0][0]
+            sums += checksums_of({f: self._arrays[f][lo:n].read().result() for f in FIELDS}, lo, self.chunk_rows)
         self.rows = n
+        self._set_checksums(sums)
         if not self.read_only:
             for f, arr in self._arrays.items():
                 self._arrays[f] = arr.resize(exclusive_max=[n, *arr.shape[1:]], shrink_only=True).result()
@@ -401,20 +512,23 @@ class ColdTier:
         with self._lock:
             old_gen, old_arrays, old_rows = self.generation, self._arrays, self.rows
             new_arrays = self._open_arrays(old_gen + 1, create=True)
-            kept, lo = 0, 0
-            for rows, n in self.chunks():
+            kept, lo, sums = 0, 0, []
+            for rows, n in self.chunks(verify=True):   # damaged rows are never carried into the new generation
                 m = np.asarray(keep(rows, lo), bool)[:n]
                 lo += n
                 k = int(m.sum())
                 if k:
                     for f, arr in new_arrays.items():
                         new_arrays[f] = arr.resize(exclusive_max=[kept + k, *arr.shape[1:]]).result()
+                    out = {f: np.asarray(rows[f][:n][m], self.dt(f)) for f in FIELDS}
                     for f in FIELDS:
-                        new_arrays[f][kept:kept + k].write(rows[f][:n][m]).result()
+                        new_arrays[f][kept:kept + k].write(out[f]).result()
+                    sums += checksums_of(out, kept, self.chunk_rows)
                     kept += k
             self.generation, self.rows, self._arrays = old_gen + 1, kept, new_arrays
             try:
-                self._write_manifest(self._kv(self.url), self.manifest())
+                self._write_manifest(self._kv(self.url), self.manifest(sums))
+                self._set_checksums(sums)
             except Exception as e:
                 self.generation, self.rows, self._arrays = old_gen, old_rows, old_arrays
                 raise TierWriteError(f"compacting the cold tier at {self.url} failed: {e}") from e
@@ -430,37 +544,48 @@ class ColdTier:
         c = self.chunk_rows
         if (LOCAL_READS and self._local is not None and sys.byteorder == "little" and lo % c == 0
                 and 0 < hi - lo <= c):
-            pool, gen, arrays = _reader_pool(), self.generation, self._arrays
-            return {f: pool.submit(self._read_local, f, lo // c, hi - lo, gen, arrays) for f in fields}
+            pool, gen, arrays, sums = _reader_pool(), self.generation, self._arrays, self.checksums
+            return {f: pool.submit(self._read_local, f, lo // c, hi - lo, gen, arrays, sums) for f in fields}
         return {f: self._arrays[f][lo:hi].read() for f in fields}
 
-    def _read_local(self, f: str, j: int, n: int, generation: int, arrays) -> np.ndarray:
+    def _read_local(self, f: str, j: int, n: int, generation: int, arrays, checksums) -> np.ndarray:
         shape, dt = self.shapes()[f], self.dt(f)
-        path = os.path.join(self._local, f"gen-{generation}", f, "c", str(j), *(("0",) if shape else ()))
+        path = os.path.join(self._local, self.chunk_key(f, j, generation))
         per_row = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         buf = read_chunk_file(path, self.chunk_rows * per_row)
-        if buf is None:   # never written, or only the fill value: TensorStore knows what it holds
-            return arrays[f][j * self.chunk_rows:j * self.chunk_rows + n].read().result()
+        if buf is None:   # never written, or only the fill value (then TensorStore stores no file): else lost
+            rows = arrays[f][j * self.chunk_rows:j * self.chunk_rows + n].read().result()
+            self.check_chunk(j, {f: rows}, checksums, generation)
+            return rows
         return buf.view(dt).reshape((self.chunk_rows,) + shape)[:n]
 
-    def chunks(self, fields=FIELDS, n: Optional[int] = None, read_ahead: int = 2):
-        """Yield ``(rows, n_valid)`` chunks of the first ``n`` cold rows, reads in flight ahead."""
+    def chunks(self, fields=FIELDS, n: Optional[int] = None, read_ahead: int = 2, verify: bool = False):
+        """Yield ``(rows, n_valid)`` chunks of the first ``n`` cold rows, reads in flight ahead;
+        with ``verify`` each is checked against its checksums first (:meth:`check_chunk`)."""
         c = self.chunk_rows
         n = self.rows if n is None else min(int(n), self.rows)
+        if verify:
+            covered = sum(s[1] - s[0] for s in self.checksums if s[1] <= n)
+            if covered != n:
+                raise TierError(f"the cold tier at {self.url} has checksums for {covered} of its first {n} rows, so "
+                                f"they cannot be verified (written by another program?)")
         starts = list(range(0, n, c))
-        pending = [(self.issue(lo, min(n, lo + c), fields), min(n, lo + c) - lo) for lo in starts[:read_ahead + 1]]
+        pending = [(lo, self.issue(lo, min(n, lo + c), fields)) for lo in starts[:read_ahead + 1]]
         nxt = read_ahead + 1
         while pending:
-            futs, m = pending.pop(0)
+            lo, futs = pending.pop(0)
             if nxt < len(starts):
-                lo = starts[nxt]
-                pending.append((self.issue(lo, min(n, lo + c), fields), min(n, lo + c) - lo))
+                pending.append((starts[nxt], self.issue(starts[nxt], min(n, starts[nxt] + c), fields)))
                 nxt += 1
             try:
                 rows = {f: fu.result() for f, fu in futs.items()}
+            except TierError:
+                raise
             except Exception as e:
                 raise TierError(f"reading the cold tier at {self.url} failed: {e}") from e
-            yield rows, m
+            if verify:
+                self.check_chunk(lo // c, rows)
+            yield rows, min(n, lo + c) - lo
 
 
 def _padded(rows, n, chunk_rows, shapes):
@@ -645,6 +770,8 @@ class ColdStore:
                 self._pending[key] = issue(key[0])
         try:
             rows = {f: fu.result() for f, fu in futs.items()}
+        except TierError:
+            raise
         except Exception as e:
             raise TierError(f"reading the cold tier at {self.tier.url} failed: {e}") from e
         rows = self._aged(rows, i * c, max(0, min(c, n - i * c)), t)
@@ -773,6 +900,10 @@ class Tiered(RAM):
         if pol is not None and pol.trains_rows:
             raise ValueError(f"layer {name} is hybrid (its policy {pol.name} trains the stored rows): its rows cannot "
                              f"spill to disk, where they would not be trained; keep this layer in RAM")
+        if pol is not None and pol.dynamic_age:
+            raise ValueError(f"layer {name}'s policy {pol.name} fades the rows by an amount decided at run time, "
+                             f"which cold rows (faded lazily by a static retention) cannot follow; keep this layer "
+                             f"in RAM")
         if pol is not None and getattr(pol, "max_rows", None):
             raise ValueError(f"layer {name} has a capacity policy ({pol.name}), which keeps its rows in RAM; "
                              f"spilling makes no sense with it — drop one of the two")
@@ -1032,20 +1163,9 @@ class Tiered(RAM):
 
 
 def _reopen(store: ColdStore, ref: dict, name: str):
-    """Point a store at the tier a checkpoint refers to, at the checkpoint's rows."""
-    tier = store.tier
-    manifest = ColdTier.read_manifest(tier.url)
-    if ref.get("owner") and manifest.get("owner") != ref["owner"]:
-        raise TierError(f"the cold tier at {tier.url} holds the rows of run {manifest.get('owner')}, not of run "
-                        f"{ref['owner']} that wrote this checkpoint of {name} (another run spilled into the same "
-                        f"folder); resume with the spill folder this run used")
-    if int(manifest["generation"]) != int(ref["generation"]):
-        raise TierError(f"the checkpoint of {name} refers to generation {ref['generation']} of the cold tier at "
-                        f"{tier.url}, which is now at generation {manifest['generation']} (rows were compacted since)")
-    if int(manifest["rows_cold"]) < int(ref["rows_cold"]):
-        raise TierError(f"the checkpoint of {name} refers to {ref['rows_cold']} cold rows at {tier.url} but the tier "
-                        f"holds only {manifest['rows_cold']}")
-    fresh = ColdTier(tier.url, manifest)
+    """Point a store at the tier a checkpoint refers to, at the checkpoint's rows (checked, and
+    verified against their checksums, before the rows written after the checkpoint are cut)."""
+    fresh = ColdTier.checked(dict(ref, url=store.tier.url), name)
     fresh.truncate(int(ref["rows_cold"]))
     store.tier = fresh
     store._pending.clear()

@@ -1,9 +1,9 @@
 """``growmem inspect`` and ``growmem export``: a checkpoint read without a model.
 
-:func:`inspect` summarises a checkpoint and verifies every checksum (a damaged checkpoint is
-reported as damaged, never as healthy); :func:`export` writes every layer's rows as plain
-numpy (an ``.npz`` any tool can read) plus a JSON description — rows on disk tiers and on
-every shard included.
+:func:`inspect` summarises a checkpoint and verifies every checksum — of its arrays and of the
+cold rows on disk tiers it refers to (a damaged checkpoint or tier is reported as damaged, never
+as healthy); :func:`export` writes every layer's rows as plain numpy (an ``.npz`` any tool can
+read) plus a JSON description — rows on disk tiers and on every shard included.
 """
 from __future__ import annotations
 
@@ -42,15 +42,25 @@ def _layer_summary(m: dict) -> dict:
     return out
 
 
+def _tier_refs(entry: dict):
+    """The disk tiers a saved memory refers to (one, or one per shard)."""
+    b = entry["backend"]
+    return [b["tier"]] if "tier" in b else list(b.get("tiers") or [])
+
+
 def inspect(directory, step: Optional[int] = None, *, verify: bool = True) -> dict:
     """A summary of a checkpoint (latest by default); with ``verify`` every array is read and
-    checked against its CRC32 (:class:`CorruptCheckpointError` names the first bad one)."""
+    checked against its CRC32, and the cold rows of every disk tier it refers to against the
+    checksums written with them (:class:`CorruptCheckpointError` names the first bad file)."""
     ck = _open(directory)
     try:
         step = ck._pick(step)
         meta = ck.read_meta(step)
         if verify:
             ck.verify(step)
+            for m in meta["memories"] + meta.get("stores", []):
+                for ref in _tier_refs(m):
+                    _cold_tier(ref, m)
         layers = [_layer_summary(m) for m in meta["memories"] + meta.get("stores", [])]
         return {"directory": ck.directory, "step": meta["step"], "steps": ck.all_steps(),
                 "created_at": meta["created_at"], "format_version": meta["format_version"],
@@ -89,22 +99,22 @@ def format_inspect(info: dict) -> str:
 
 # ----------------------------------------------------------------------------- rows of a saved memory
 
-def _cold_rows(ref: dict, entry: dict) -> Dict[str, np.ndarray]:
-    """The cold rows a checkpoint refers to (read-only), with the weight decay they missed."""
-    url = ref["url"]
+def _cold_tier(ref: dict, entry: dict, verify: bool = True):
+    """The disk tier a checkpoint refers to, opened read-only and checked (run, generation, rows)
+    and, with ``verify``, its cold rows against their checksums: ``ColdTier.checked``."""
     try:
-        tier = tiered_lib.ColdTier.open(url, read_only=True)
+        return tiered_lib.ColdTier.checked(ref, f"layer {entry['name']}", read_only=True, verify=verify)
     except tiered_lib.TierError as e:
-        raise CheckpointError(f"layer {entry['name']}: {e}") from None
-    if tier.generation != int(ref["generation"]):
-        raise CheckpointError(f"layer {entry['name']}: the checkpoint refers to generation {ref['generation']} of the "
-                              f"cold tier at {url}, which is now at generation {tier.generation}")
+        raise CheckpointError(str(e)) from None
+
+
+def _cold_rows(ref: dict, entry: dict) -> Dict[str, np.ndarray]:
+    """The cold rows a checkpoint refers to (read-only, checked as they are read), with the weight
+    decay they missed."""
+    tier = _cold_tier(ref, entry, verify=False)
     n = int(ref["rows_cold"])
-    if tier.rows < n:
-        raise CheckpointError(f"layer {entry['name']}: the checkpoint refers to {n} cold rows at {url} but the tier "
-                              f"holds {tier.rows}")
     parts = {f: [] for f in memlib.FIELDS}
-    for rows, m in tier.chunks(n=n):
+    for rows, m in tier.chunks(n=n, verify=True):
         for f in memlib.FIELDS:
             parts[f].append(np.asarray(rows[f][:m]))
     shapes = tier.shapes()
