@@ -76,10 +76,12 @@ def _l2_normalise(z, eps: float = 1e-8):
 # ----------------------------------------------------------------------------- key spaces
 
 class KeySpace:
-    """The interface (module docstring). Subclasses set ``name`` and ``key_dim``."""
+    """The interface (module docstring). Subclasses set ``name``, ``key_dim`` and ``input_dim``
+    (the features of an input ``x``; None: any)."""
 
     name = "keyspace"
     key_dim: int
+    input_dim: Optional[int] = None
     n_regimes: int = 1
 
     def prepare(self, x) -> jax.Array:
@@ -135,7 +137,7 @@ class Identity(_Single):
     def __init__(self, d: int, normalise: bool = True):
         if d < 1:
             raise ValueError(f"key dimension must be >= 1, got {d}")
-        self.key_dim = int(d)
+        self.key_dim = self.input_dim = int(d)
         self.normalise = bool(normalise)
 
     def prepare(self, x):
@@ -157,6 +159,7 @@ class DCT(_Single):
             raise ValueError(f"DCT keys need 1 <= n <= side, got n={n}, side={side}")
         self.side, self.n, self.deskew = int(side), int(n), bool(deskew)
         self.key_dim = self.n * self.n
+        self.input_dim = self.side * self.side
         self._c = jnp.asarray(dct_matrix(self.side, self.n))
 
     def prepare(self, x):
@@ -201,6 +204,7 @@ class Subspaces(KeySpace):
         if not 0.0 < rho < 1.0:
             raise ValueError(f"rho (relative residual of a novel input) must be in (0, 1), got {rho}")
         self.d, self.key_dim, self.n_fit, self.rho = int(d), int(dim), int(n_fit), float(rho)
+        self.input_dim = self.d
         self.param_dtype, self.buffer_dtype = np.dtype(param_dtype), np.dtype(buffer_dtype)
         self.max_regimes = int(max_regimes)
         self.mu: List[np.ndarray] = []

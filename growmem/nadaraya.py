@@ -318,6 +318,16 @@ class TargetMemory:
                 "bytes_allocated": alloc + other}
 
     # ------------------------------------------------------------------ inputs
+    def _inputs(self, x) -> np.ndarray:
+        """``x`` as float32 ``(B, features)``, its features those of the key space (else a
+        ``ValueError`` naming both shapes)."""
+        x = np.asarray(x, np.float32)
+        d = self.keys.input_dim
+        if x.ndim != 2 or (d is not None and x.shape[1] != d):
+            raise ValueError(f"inputs have shape {tuple(x.shape)}; the {self.keys.name} key space takes (B, "
+                             f"{d if d is not None else 'features'}) inputs")
+        return x
+
     def _targets(self, y, n: int) -> np.ndarray:
         y = np.asarray(y)
         if self.classify:
@@ -333,7 +343,7 @@ class TargetMemory:
     # ------------------------------------------------------------------ answer
     def predict(self, x, batch_size: int = 1024) -> np.ndarray:
         """``ŷ:(B, d_out)`` of (NW-1) (zeros while the memory is empty)."""
-        x = np.asarray(x, np.float32)
+        x = self._inputs(x)
         out = np.zeros((len(x), self.d_out), np.float32)
         if not self.mems:
             return out
@@ -349,9 +359,7 @@ class TargetMemory:
     def observe(self, x, y) -> dict:
         """Test-then-train on one batch: a step on ``log T`` with the batch answered by the rows stored
         so far, then the batch stored (through the key space's routing) and the budget enforced."""
-        x = np.asarray(x, np.float32)
-        if x.ndim != 2:
-            raise ValueError(f"inputs must be (B, features), got shape {x.shape}")
+        x = self._inputs(x)
         yv = self._targets(y, len(x))
         u = self.keys.prepare(x)
         loss = float("nan")

@@ -7,7 +7,8 @@ The same backend objects serve :class:`growmem.Trainer` and a :class:`Store`::
     from growmem.backends.tiered import Tiered
 
     store = Store.create(spec, d_in=1024, d_out=16, backend=Tiered("/data/mem", ram_budget_bytes=1 << 30))
-    store.append(w, k, v)            # host: make room (grow / spill), then a jitted append
+    store.append(w, k, v)            # host: make room (grow / spill), then a jitted append; rows that
+                                     # are not finite are dropped and counted (store.dropped_nonfinite)
     y = store.retrieve(q)            # every row, wherever it lives
     mask = store.novel(k_new, tau)   # the novelty test of the hybrid rule (Alg. 4), over every row
     store.advance()                  # the clock (momentum and decay coefficients use it)
@@ -50,6 +51,15 @@ def _min_d2(mem, q):
     return backends.min_sq_distance(mem, q)
 
 
+def _finite(w, k, v) -> np.ndarray:
+    """``(B,)`` bool: candidate rows whose ``w``, ``k`` and ``v`` are all finite (host side of
+    :func:`growmem.train.finite_rows`)."""
+    ok = np.isfinite(w)
+    for a in (k, v):
+        ok = ok & np.isfinite(a).all(axis=tuple(range(1, a.ndim)))
+    return ok
+
+
 class Store:
     """One memory and its backend, driven from the host (module docstring)."""
 
@@ -57,6 +67,8 @@ class Store:
         self.mem = mem
         self.name = name
         self._bound = self.backend.fill(mem)
+        #: candidate rows :meth:`append` refused because a value of theirs was NaN or infinite
+        self.dropped_nonfinite = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -73,6 +85,13 @@ class Store:
 
     @classmethod
     def from_rows(cls, w, k, v, born=None, *, spec, backend=None, t: int = 0, name: str = "memory") -> "Store":
+        """A store holding exactly these rows; a row that is not finite is refused (``ValueError``)."""
+        k, v = np.asarray(k), np.asarray(v)
+        bad = np.flatnonzero(~_finite(np.asarray(w, np.float32), k, v))
+        if len(bad):
+            raise ValueError(f"{len(bad)} of the {len(k)} rows are not finite (a NaN or inf in w, k or v; rows "
+                             f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}); drop them before building the "
+                             f"store, or append the rows (append drops and counts them)")
         mem = memlib.from_rows(w, k, v, born, spec=spec).replace(t=jnp.asarray(t, jnp.int32))
         return cls.from_memory(mem, backend, name=name)
 
@@ -135,15 +154,25 @@ class Store:
 
     def append(self, w, k, v, born=None, mask=None):
         """Append candidate rows (``mask`` selects them; ``born`` defaults to ``t + 1``); makes room
-        first (grows the capacity, spills to disk). Every process of a sharded store calls it
-        with the same candidates; it returns the shard of each appended row (None unsharded).
+        first (grows the capacity, spills to disk). A candidate whose ``w``, ``k`` or ``v`` holds a
+        NaN or an infinity is dropped, as the trainer drops them, and counted in
+        :attr:`dropped_nonfinite`. Every process of a sharded store calls it with the same
+        candidates; it returns the shard of each appended row (None unsharded).
         The rows are written into the tables in place: a ``jax.Array`` taken from ``store.mem``
         before the call is donated to it and no longer readable (arrays from :meth:`rows`
         stay valid: while they live, the append copies instead)."""
-        k = np.asarray(k)
-        b = k.shape[0]
+        k, v, w = np.asarray(k), np.asarray(v), np.asarray(w, np.float32)
+        b = k.shape[0] if k.ndim else 0
+        want = {"w": (b,), "k": (b, self.d_in), "v": (b, self.d_out)}
+        for f, a in (("w", w), ("k", k), ("v", v)):
+            if a.shape != want[f]:
+                raise ValueError(f"store {self.name}: {f} has shape {a.shape}, expected {want[f]} (B = {b} candidate "
+                                 f"rows of a {self.d_in} -> {self.d_out} memory)")
         born = np.broadcast_to(np.asarray(self.t + 1 if born is None else born, np.int32), (b,))
         mask = np.ones(b, bool) if mask is None else np.asarray(mask, bool)
+        finite = _finite(w, k, v)
+        self.dropped_nonfinite += int((mask & ~finite).sum())
+        mask = mask & finite
         shards = None
         if isinstance(self.backend, Sharded):   # the placement rule, on the host: what the jitted append does
             shards = assign_shards(self.host_sizes, int(mask.sum()), self.backend.placement, self.next_shard)
@@ -152,7 +181,7 @@ class Store:
             self._bound = exact
         if mem is not self.mem:
             self._bound = self.backend.fill(mem)
-        self.mem = _append(mem, *(self._input(a) for a in (np.asarray(w, np.float32), k, v, born, mask)))
+        self.mem = _append(mem, *(self._input(a) for a in (w, k, v, born, mask)))
         self._bound += int(mask.sum())
         return shards
 
