@@ -38,15 +38,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _fail(message: str, code: int = 2, listing: str = "") -> int:
-    """One line on stderr (``growmem repro: ...``), then the experiment listing when given.
+def _fail(message: str, code: int = 2) -> int:
+    """One line on stderr (``growmem repro: ...``): the last line a script sees names the problem.
 
     Printed here rather than raised as ``growmem.cli.UsageError``: under ``python -m growmem.cli``
     that module runs as ``__main__`` and ``from ..cli import UsageError`` is another class, which
     its handler would not catch (a traceback instead of one line)."""
     print(f"growmem repro: {' '.join(str(message).split())}", file=sys.stderr)
-    if listing:
-        print(listing, file=sys.stderr)
     return code
 
 
@@ -68,11 +66,11 @@ def cmd_repro(args) -> int:
         print(text)
         print(f"wrote {path}")
         return 0
+    known = f"the experiments are {', '.join(names())} (`growmem repro --list` describes them)"
     if args.name is None:
-        return _fail("name an experiment (growmem repro NAME --preset smoke|cpu|paper); the experiments are:",
-                     listing=listing())
+        return _fail(f"name an experiment (growmem repro NAME --preset smoke|cpu|paper); {known}")
     if args.name not in names():
-        return _fail(f"unknown experiment {args.name!r}; the experiments are:", listing=listing())
+        return _fail(f"unknown experiment {args.name!r}; {known}")
     if args.preset is None:
         return _fail(f"{args.name} needs --preset, one of {', '.join(core.PRESETS)}")
     if args.preset not in core.PRESETS:
