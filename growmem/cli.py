@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 from pathlib import Path
@@ -137,7 +136,7 @@ def _add_train(sub):
                         "process's devices); start the same command on every host with its --process-id")
     g.add_argument("--num-processes", type=int, default=1, help="processes of a distributed run")
     g.add_argument("--process-id", type=int, default=0, help="this process's index in a distributed run")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, check=check_train)
 
 
 class _Task:
@@ -240,17 +239,41 @@ def _has_checkpoint(directory) -> bool:
     return d.is_dir() and any(c.name.isdigit() for c in d.iterdir())
 
 
-def _check_out(out: Path):
-    """--out must be a writable folder: checked before training, not after an hour of it."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file; pass a folder for metrics.json and plot.png")
+def check_folders(kind: str, checkpoint_dir, resume: bool, out):
+    """--out and --checkpoint-dir as ``growmem <kind>`` may use them (:func:`growmem.locks.check_run_folder`:
+    not a file; a checkpoint folder no other command wrote; --resume over one that holds a run, a new run
+    over one that does not), checked without touching them; a refusal is a :class:`UsageError`."""
+    from .errors import CheckpointError
+    from .locks import check_run_folder
+
+    if resume and checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".growmem-write-probe-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"--out {out} is not writable ({e.strerror or e}); pass a folder you can write to") from None
+        check_run_folder(out, option="--out")
+        if checkpoint_dir is not None:
+            check_run_folder(checkpoint_dir, kind, resume=resume)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+
+
+def check_train(args):
+    """What ``growmem train`` can refuse before it imports or loads anything (no side effects):
+    run by :func:`main` before the command (and before it re-executes itself)."""
+    if args.resume_step is not None and not args.resume:
+        raise UsageError("--resume-step needs --resume")
+    check_folders("train", args.checkpoint_dir, args.resume, args.out)
+
+
+def claim_folders(kind: str, checkpoint_dir, resume: bool, out):
+    """:class:`growmem.locks.RunFolders` for a command: --out locked, --checkpoint-dir checked,
+    locked and marked ``kind``; a refusal is a :class:`UsageError`."""
+    from .errors import CheckpointError
+    from .locks import LockedError, RunFolders
+
+    try:
+        return RunFolders(kind, checkpoint_dir, resume=resume, out=out)
+    except (CheckpointError, LockedError) as e:
+        raise UsageError(str(e)) from None
 
 
 class _Interrupt:
@@ -282,6 +305,13 @@ def _main_thread() -> bool:
 
 
 def cmd_train(args) -> int:
+    """``growmem train``: --out and --checkpoint-dir are claimed first (locked, the checkpoint
+    folder marked as a train run's); a run that fails removes what it created and left empty."""
+    with claim_folders("train", args.checkpoint_dir, args.resume, Path(args.out)):
+        return _train(args)
+
+
+def _train(args) -> int:
     import jax
 
     from .runtime import keep_freed_memory
@@ -292,9 +322,6 @@ def cmd_train(args) -> int:
     from .reporting import pyplot, save_figure, write_json
     from .train import NonFiniteLossError, Trainer, fit
 
-    if args.resume_step is not None and not args.resume:
-        raise UsageError("--resume-step needs --resume")
-    _check_out(Path(args.out))
     _distributed(args)
     preset = None
     if args.policy is not None:
@@ -324,7 +351,7 @@ def cmd_train(args) -> int:
         spec = GrowingSpec.make(args.kernel, temperature=args.temperature, momentum=args.momentum, **hyper, **d0)
         model = ResidualGrowingNet(d_out=task.d_out, n_blocks=args.blocks, readout=spec)
         trainer = Trainer(model, loss=task.loss, sample_input=xt[:b], rng=jax.random.key(args.seed), backend=backend)
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func", "check")}
     run_config = {k: v for k, v in config.items() if k not in RUN_CONTROL}
     ckpt, start, extra = _checkpoints(args, trainer, run_config)
     tier = getattr(backend, "tiered", backend)
@@ -420,9 +447,8 @@ def _reason(e: OSError) -> str:
 
 
 def _checkpoints(args, trainer, config):
-    """``(Checkpointer or None, start step, extra)``: opens --checkpoint-dir, restores with --resume."""
-    if args.resume and args.checkpoint_dir is None:
-        raise UsageError("--resume needs --checkpoint-dir")
+    """``(Checkpointer or None, start step, extra)``: opens --checkpoint-dir (claimed by
+    :func:`cmd_train`), restores with --resume."""
     if args.checkpoint_dir is None:
         return None, 0, None
     from .checkpoint import CheckpointError, Checkpointer, CorruptCheckpointError
@@ -432,13 +458,11 @@ def _checkpoints(args, trainer, config):
         ckpt = Checkpointer(args.checkpoint_dir, keep=args.keep)
         steps = ckpt.all_steps()
         latest = steps[-1] if steps else None
-        if not args.resume:
-            if latest is not None:
-                raise UsageError(f"{args.checkpoint_dir} already holds checkpoints (latest step {latest}); pass "
-                                 f"--resume to continue, or another --checkpoint-dir")
+        if not args.resume:   # claim_folders refused a folder that holds a run
             return ckpt, 0, None
-        if latest is None:
-            print(f"no checkpoint in {args.checkpoint_dir}: starting from step 0")
+        if latest is None:   # the run was stopped before its first checkpoint: its step 0 is the start
+            print(f"no checkpoint in {args.checkpoint_dir} yet (the run stopped before its first): starting from "
+                  f"step 0")
             return ckpt, 0, None
         step = latest if args.resume_step is None else args.resume_step
         if step not in steps:
@@ -465,6 +489,10 @@ def _checkpoints(args, trainer, config):
         if ckpt is not None:
             ckpt.close()
         raise UsageError(str(e)) from None
+    except BaseException:
+        if ckpt is not None:
+            ckpt.close()
+        raise
 
 
 # ------------------------------------------------------------------------------------- policies, inspect, export
@@ -564,10 +592,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The ``growmem`` command: 0 on success, 2 for a problem with the command or its inputs,
     1 for a run that failed on its way, 130 when interrupted — always one line on stderr."""
     ap = build_parser()
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("train", "repro"):
-        # a training command line (not an in-process call): huge-page backed malloc, set at exec
-        from .runtime import exec_with_huge_pages
-        exec_with_huge_pages()
     try:
         args = ap.parse_args(argv)
     except UsageError as e:
@@ -576,11 +600,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
-    from .backends.tiered import TierError
-    from .config import ConfigError
-    from .data import DatasetError
-    from .errors import CheckpointError
-    from .locks import LockedError
+    from .errors import GrowmemError
 
     # a failure is reported once, as one line: not also by the logs of the libraries underneath
     # (Orbax logs a failed save's traceback before raising it)
@@ -588,11 +608,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     who = f"growmem {args.command}"
     try:
+        if getattr(args, "check", None) is not None:
+            args.check(args)        # what the command can refuse before it imports or loads anything
+        if argv is None and args.command in ("train", "repro"):
+            # a training command line (not an in-process call), checked: huge-page backed malloc, set at exec
+            from .runtime import exec_with_huge_pages
+            exec_with_huge_pages()
         return args.func(args)
     except UsageError as e:
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 2
-    except (RunError, CheckpointError, TierError, LockedError, ConfigError, DatasetError) as e:
+    except (GrowmemError, ValueError) as e:
+        # RunError, CheckpointError, TierError, LockedError, DatasetError, ... and a preset's ConfigError (looked
+        # up, not imported: growmem.config loads JAX, and a ConfigError means it is loaded)
+        config = sys.modules.get(f"{__package__}.config")
+        if not isinstance(e, GrowmemError) and not (config is not None and isinstance(e, config.ConfigError)):
+            raise
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -287,6 +287,25 @@ def handlers():
     return _HANDLERS
 
 
+_SHORT_WRITE = re.compile(r"(\d+) requested and (\d+) written")
+
+
+def _disk_full(e: BaseException, directory: str) -> bool:
+    """Whether a failed save ran out of disk: ENOSPC, TensorStore's RESOURCE_EXHAUSTED, or a write
+    that stopped short (numpy's ``N requested and M written``) where the disk has less room left
+    than the write asked for."""
+    text = str(e)
+    if getattr(e, "errno", None) == 28 or "No space left" in text or "RESOURCE_EXHAUSTED" in text:
+        return True
+    short = _SHORT_WRITE.search(text)
+    if short is None or "://" in directory:
+        return False
+    try:
+        return shutil.disk_usage(directory).free < int(short.group(1))
+    except OSError:
+        return False
+
+
 def _location(directory) -> str:
     """A local absolute path for paths and ``file://`` URLs; other URLs (``gs://``) as given."""
     d = os.fspath(directory)
@@ -458,11 +477,11 @@ class Checkpointer:
             self._mgr.save(step, args=ocp.args.Composite(**items), force=True)
             self._mgr.wait_until_finished()
         except BaseException as e:
+            full = _disk_full(e, self.directory)      # before the partial step is removed and frees its room
             self._remove_partial(before)
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
-            reason = "the disk is full" if "No space left" in str(e) or "RESOURCE_EXHAUSTED" in str(e) else \
-                f"{type(e).__name__}: {e}"
+            reason = "the disk is full" if full else f"{type(e).__name__}: {e}"
             last = self.latest_step()
             raise CheckpointError(f"saving step {step} to {self.directory} failed ({reason}); nothing was written; "
                                   f"the last good checkpoint is "
