@@ -49,7 +49,7 @@ import math
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import optax
 
@@ -137,9 +137,13 @@ POLICIES = {
     "capacity": {"max_rows": _num(1, kind="int"), "on_full": _enum(*policies.ON_FULL)},
     "weight_decay": {"gamma": _num(0, 1, hi_open=True), "prune_below": _num(0)},
     "momentum": {"mu": _num(0, 1, hi_open=True)},
+    "labels": {},
+    "drift_discount": {"factor": _num(0, 1, lo_open=True, hi_open=True), "threshold": _num(0, lo_open=True),
+                       "fast": _num(0, 1, lo_open=True), "slow": _num(0, 1, lo_open=True),
+                       "warmup": _num(0, kind="int"), "cooldown": _num(0, kind="int")},
 }
 REQUIRED_POLICY_KEYS = {"novelty": ("tau",), "capacity": ("max_rows",), "weight_decay": ("gamma",),
-                        "momentum": ("mu",)}
+                        "momentum": ("mu",), "labels": (), "drift_discount": ("factor",)}
 HYBRID = {
     "optimizer": _enum("adam", "adamw", "sgd"),
     "learning_rate": _num(0, lo_open=True),
@@ -154,7 +158,9 @@ TRAIN = {
     "loss": _enum(*sorted(train.LOSSES)),
     "seed": _num(0, kind="int"),
 }
-TOP = {"description", "model", "layer", "readout", "policy", "hybrid", "train"}
+#: [replay]: the network rehearses its own rows (growmem.train.SelfReplay)
+REPLAY = {"samples": _num(0, kind="int")}   # 0: no replay
+TOP = {"description", "model", "layer", "readout", "policy", "hybrid", "train", "inputs", "replay"}
 #: a target-memory preset (growmem.nadaraya): [target] + [keys] + [train]
 TARGET = {
     "temperature": _num(0, lo_open=True),
@@ -177,9 +183,10 @@ KEYS = {
     "param_dtype": _enum("float16", "float32"),
     "buffer_dtype": _enum("float16", "float32"),
     "max_regimes": _num(1, kind="int"),
+    "seed": _num(0, kind="int"),
 }
 #: which [keys] entries each key space takes
-KEY_ARGS = {"identity": {"normalise"}, "dct": {"n", "deskew"},
+KEY_ARGS = {"identity": {"normalise"}, "dct": {"n", "deskew"}, "projection": {"dim", "seed"},
             "subspaces": {"dim", "n_fit", "rho", "param_dtype", "buffer_dtype", "max_regimes"}}
 TARGET_TOP = {"description", "target", "keys", "train"}
 
@@ -243,6 +250,32 @@ class Preset:
     train: Tuple[Tuple[str, Any], ...] = ()
     policy_entries: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...] = ()
     hybrid_layers: Tuple[str, ...] = ()
+    #: [inputs]: a fixed key space the network reads its inputs through (as [keys] of a target preset)
+    inputs: Tuple[Tuple[str, Any], ...] = ()
+    #: [replay]: SelfReplay's settings (samples per step)
+    replay: Tuple[Tuple[str, Any], ...] = ()
+
+    kind = "network"
+
+    def input_space(self, d_in: int):
+        """The key space of ``[inputs]`` for raw inputs of ``d_in`` features (None: the raw inputs)."""
+        if not self.inputs:
+            return None
+        k = dict(self.inputs)
+        return keyspaces.make(k.pop("kind"), d_in, **k)
+
+    def features(self, space, x):
+        """What the network reads for raw inputs ``x``: ``space.prepare(x)`` scaled to unit RMS
+        (``‖z‖ = √d``, as RMSNorm leaves a query), or ``x`` itself without ``[inputs]``."""
+        if space is None:
+            return x
+        import jax.numpy as jnp
+        return space.prepare(x) * jnp.sqrt(jnp.float32(space.key_dim))
+
+    def self_replay(self):
+        """The trainer's ``replay`` (a :class:`growmem.train.SelfReplay`), or None."""
+        n = int(dict(self.replay).get("samples", 0))
+        return train.SelfReplay(n, seed=int(self.settings["seed"])) if n else None
 
     @property
     def name(self) -> str:
@@ -298,6 +331,7 @@ class Preset:
         the preset's; other keywords go to the Trainer, e.g. ``backend=``)."""
         import jax
         rng = jax.random.key(self.settings["seed"]) if rng is None else rng
+        kwargs.setdefault("replay", self.self_replay())
         return train.Trainer(self.model(d_out), loss=loss or self.settings["loss"], sample_input=sample_input,
                              rng=rng, policy=self.policies(), **kwargs)
 
@@ -364,20 +398,26 @@ def _load_target(path, doc) -> TargetPreset:
     target = _validate(path, "target", doc.get("target", {}), TARGET)
     if "temperature" not in target:
         raise ConfigError(f"{path}: key 'target.temperature' is missing; allowed: {TARGET['temperature'].allowed}")
-    keys = _validate(path, "keys", doc.get("keys", {}), KEYS)
-    kind = keys.get("kind", "identity")
-    bad = set(keys) - {"kind"} - KEY_ARGS[kind]
-    if bad:
-        raise ConfigError(f"{path}: key 'keys.{sorted(bad)[0]}' does not apply to key space {kind!r}; allowed: "
-                          f"{', '.join(sorted(KEY_ARGS[kind]))}")
-    for k in ("n", "dim", "n_fit", "max_regimes"):
-        if k in keys:
-            keys[k] = int(keys[k])
+    keys = _key_table(path, "keys", doc.get("keys", {}))
     tr = _validate(path, "train", doc.get("train", {}), {k: TRAIN[k] for k in ("batch_size", "epochs", "seed")})
     if "candidates" in target:
         target["candidates"] = int(target["candidates"])
     return TargetPreset(path=str(path), description=desc.strip().splitlines()[0], target=tuple(sorted(target.items())),
                         keys=tuple(sorted(keys.items())), train=tuple(sorted(tr.items())))
+
+
+def _key_table(path, section: str, table) -> dict:
+    """A validated key-space table (``[keys]`` of a target preset, ``[inputs]`` of a network)."""
+    keys = _validate(path, section, table, KEYS)
+    kind = keys.setdefault("kind", "identity")
+    bad = set(keys) - {"kind"} - KEY_ARGS[kind]
+    if bad:
+        raise ConfigError(f"{path}: key '{section}.{sorted(bad)[0]}' does not apply to key space {kind!r}; allowed: "
+                          f"{', '.join(sorted(KEY_ARGS[kind]))}")
+    for k in ("n", "dim", "n_fit", "max_regimes", "seed"):
+        if k in keys:
+            keys[k] = int(keys[k])
+    return keys
 
 
 def _build_policy(path, entries) -> tuple:
@@ -399,8 +439,9 @@ def _build_policy(path, entries) -> tuple:
             if req not in params:
                 raise ConfigError(f"{path}: key '{where}.{req}' is missing; {name} needs "
                                   f"{POLICIES[name][req].allowed}")
-        if name == "capacity":
-            params["max_rows"] = int(params["max_rows"])
+        for k in ("max_rows", "warmup", "cooldown"):
+            if k in params:
+                params[k] = int(params[k])
         try:
             built.append(policies.BUILTINS[name](**params))
         except ValueError as e:
@@ -459,9 +500,40 @@ def resolve(name_or_path) -> Path:
                       f"{', '.join(n for n, _, _ in available()) or 'none'}, or pass a path to a .toml file")
 
 
-def load(name_or_path) -> Union[Preset, TargetPreset]:
+def apply_overrides(path, doc: dict, overrides: Optional[Mapping[str, Any]]) -> dict:
+    """``doc`` (a parsed preset) with ``overrides`` set: ``{"section.key": value}`` for a table
+    (``"readout.temperature"``, ``"keys.n"``, ``"train.batch_size"``), ``{"section": {...}}`` for a whole
+    table, or ``"policy.I.key"`` for the I-th ``[[policy]]`` entry. The result is validated like the file itself (an override is never a
+    way around the checks); a section or entry that does not exist is an error."""
+    if not overrides:
+        return doc
+    doc = {k: ([dict(e) for e in v] if isinstance(v, list) else dict(v) if isinstance(v, dict) else v)
+           for k, v in doc.items()}
+    for dotted, value in overrides.items():
+        parts = str(dotted).split(".")
+        if len(parts) == 3 and parts[0] == "policy" and parts[1].isdigit():
+            entries = doc.get("policy", [])
+            if int(parts[1]) >= len(entries):
+                raise ConfigError(f"{path}: override {dotted!r}: the preset has {len(entries)} [[policy]] entries")
+            entries[int(parts[1])][parts[2]] = value
+        elif len(parts) == 1:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: override {dotted!r}: a whole section takes a table (a dict)")
+            doc[parts[0]] = dict(value)
+        elif len(parts) == 2:
+            doc.setdefault(parts[0], {})
+            if not isinstance(doc[parts[0]], dict):
+                raise ConfigError(f"{path}: override {dotted!r}: {parts[0]!r} is not a table")
+            doc[parts[0]][parts[1]] = value
+        else:
+            raise ConfigError(f"{path}: override {dotted!r}: expected 'section.key' or 'policy.I.key'")
+    return doc
+
+
+def load(name_or_path, overrides: Optional[Mapping[str, Any]] = None) -> Union[Preset, TargetPreset]:
     """Read and validate a preset TOML file (or a shipped preset by name): a growing network
-    (:class:`Preset`), or a target memory (:class:`TargetPreset`, a file with a ``[target]`` table)."""
+    (:class:`Preset`), or a target memory (:class:`TargetPreset`, a file with a ``[target]`` table).
+    ``overrides``: values that replace the file's before validation (:func:`apply_overrides`)."""
     path = resolve(name_or_path)
     try:
         with open(path, "rb") as f:
@@ -470,6 +542,7 @@ def load(name_or_path) -> Union[Preset, TargetPreset]:
         raise ConfigError(f"{path}: not valid TOML ({e}); see `growmem policies --copy DIR` for examples") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the preset: {e.strerror or e}") from None
+    doc = apply_overrides(path, doc, overrides)
     if "target" in doc:
         return _load_target(path, doc)
     unknown = set(doc) - TOP
@@ -485,6 +558,17 @@ def load(name_or_path) -> Union[Preset, TargetPreset]:
     entries = _build_policy(path, doc.get("policy", []))
     bs = tr.get("batch_size", 16)
     hybrid_layers = tuple(n for n, t in (("block", layer), ("readout", readout)) if t.get("hybrid"))
+    inputs = _key_table(path, "inputs", doc.get("inputs", {})) if "inputs" in doc else {}
+    if inputs and inputs.get("kind") == "subspaces":
+        raise ConfigError(f"{path}: key 'inputs.kind' = 'subspaces' is not allowed; allowed: 'dct' or 'identity' "
+                          f"(fixed key spaces: the network's inputs must not move)")
+    replay = _validate(path, "replay", doc.get("replay", {}), REPLAY)
+    if "replay" in doc and "samples" not in replay:
+        raise ConfigError(f"{path}: key 'replay.samples' is missing; allowed: {REPLAY['samples'].allowed}")
+    if replay.get("samples") and not any(n == "labels" or (n == "capacity" and dict(p).get("on_full") == "evict_balanced")
+                          for n, p in entries):
+        raise ConfigError(f"{path}: key 'replay' needs the rows' labels; allowed: add a [[policy]] with name = "
+                          f"'labels' (or a capacity with on_full = 'evict_balanced')")
     if hybrid and not hybrid_layers:
         raise ConfigError(f"{path}: key 'hybrid' configures an optimizer but no layer sets hybrid = true; "
                           f"allowed: add 'hybrid = true' to [layer] or remove [hybrid]")
@@ -495,7 +579,8 @@ def load(name_or_path) -> Union[Preset, TargetPreset]:
                           f"allowed: row_dtype = 'float32' with hybrid = true")
     return Preset(path=str(path), description=desc.strip().splitlines()[0], block=block_spec,
                   readout=readout_spec, hybrid=tuple(sorted(hybrid.items())), train=tuple(sorted(tr.items())),
-                  policy_entries=entries, hybrid_layers=hybrid_layers, **model)
+                  policy_entries=entries, hybrid_layers=hybrid_layers, inputs=tuple(sorted(inputs.items())),
+                  replay=tuple(sorted(replay.items())), **model)
 
 
 def available(directory=None) -> List[Tuple[str, str, str]]:

@@ -315,7 +315,37 @@ _project_jit = jax.jit(Subspaces.project)
 
 
 #: key spaces by name (the ``[keys] kind`` of a target preset)
-KEY_SPACES = {"identity": Identity, "dct": DCT, "subspaces": Subspaces}
+class Projection(_Single):
+    """Fixed random keys: ``z = normalise(x − min(x)) Rᵀ`` with ``R`` a ``dim × d`` Gaussian matrix drawn from
+    ``seed`` (nothing fitted, nothing drifts). Distances between inputs are kept up to a small distortion
+    (Johnson–Lindenstrauss), whatever the order of their features — so the keys suit permuted or rotated
+    images, where the DCT's spatial frequencies do not. Like :class:`DCT`, the keys do not depend on an affine
+    pixel normalisation ``a·x + b`` (``a > 0``)."""
+
+    name = "projection"
+
+    def __init__(self, d: int, dim: int = 100, seed: int = 0):
+        if d < 1 or not 1 <= dim:
+            raise ValueError(f"a projection needs d >= 1 and dim >= 1, got d={d}, dim={dim}")
+        self.input_dim, self.key_dim, self.seed = int(d), int(dim), int(seed)
+        r = np.random.default_rng(np.random.SeedSequence([int(seed), 0x70726F6A])).standard_normal((dim, d))
+        self._r = jnp.asarray(r / np.sqrt(dim), jnp.float32)
+
+    def prepare(self, x):
+        x = jnp.asarray(x, jnp.float32)
+        if x.ndim != 2 or x.shape[1] != self.input_dim:
+            raise ValueError(f"projection keys take inputs of {self.input_dim} features, got shape {tuple(x.shape)}")
+        x = x - jnp.min(x, axis=1, keepdims=True)
+        return _l2_normalise(_l2_normalise(x) @ self._r.T)
+
+    def nbytes(self) -> int:
+        return 0          # R is a function of the seed: regenerated, never stored
+
+    def describe(self):
+        return {**super().describe(), "dim": self.key_dim, "seed": self.seed}
+
+
+KEY_SPACES = {"identity": Identity, "dct": DCT, "subspaces": Subspaces, "projection": Projection}
 
 
 def make(kind: str, d: int, **kw) -> KeySpace:

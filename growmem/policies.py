@@ -130,6 +130,8 @@ class Policy(NamedTuple):
     #: ``enter(g, state) -> [(B, ...) or None per per-row leaf]``: the candidates' entries of the policy's
     #: per-row state (:func:`row_state_leaves` order); None: zeros
     enter: Optional[Callable] = None
+    #: ``age`` decides at run time how much the stored rows fade (no static ``retention``)
+    dynamic_age: bool = False
 
     def __repr__(self):
         return self.name
@@ -185,6 +187,9 @@ def _check_policies(policies):
     trainers = [p.name for p in policies if p.trains_rows]
     if len(trainers) > 1:
         raise ValueError(f"more than one policy trains the stored rows ({trainers}); keep one")
+    if mus and any(p.dynamic_age for p in policies):
+        raise ValueError("momentum needs the static retention of its chain (Eq. 100), which a policy that fades "
+                         "rows at run time (drift_discount) does not have; drop one of them")
 
 
 def _compose(name, policies, pack, unpack, check) -> Policy:
@@ -220,7 +225,8 @@ def _compose(name, policies, pack, unpack, check) -> Policy:
     return Policy(init, stage("admit"), stage("update"), stage("age"), stage("evict"), coeff, retention,
                   momentum=sum(p.momentum for p in policies), trains_rows=any(p.trains_rows for p in policies),
                   evicts=any(p.evicts for p in policies), name=name, max_rows=min(caps) if caps else None,
-                  enter=enter if any(p.enter is not None for p in policies) else None)
+                  enter=enter if any(p.enter is not None for p in policies) else None,
+                  dynamic_age=any(p.dynamic_age for p in policies))
 
 
 def chain(*policies: Policy) -> Policy:
@@ -648,6 +654,69 @@ def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
                   retention=keep_factor if gamma > 0 else 1.0)
 
 
+class DriftState(NamedTuple):
+    """:func:`drift_discount`'s detector: running means of the candidates' error (fast, slow), steps seen,
+    the step of the last discount and how many discounts fired."""
+
+    fast: jax.Array
+    slow: jax.Array
+    steps: jax.Array
+    last: jax.Array
+    fired: jax.Array
+
+
+def drift_discount(factor: float, threshold: float = 0.5, *, fast: float = 0.1, slow: float = 0.01,
+                   warmup: int = 50, cooldown: int = 100) -> Policy:
+    """Forget when the world changes, not otherwise: a drift detector on the prequential error gates a
+    one-time discount of the stored rows.
+
+    The candidates' values carry the error the model made on the batch before learning from it
+    (``ṽ = −βg``, ``v = −ηg``): their mean norm ``e_t`` is a prequential error signal. Two running means
+    follow it (rates ``fast`` and ``slow``); when the fast one exceeds the slow one by more than
+    ``threshold`` (relative), at least ``warmup`` steps in and ``cooldown`` steps after the last discount,
+    every stored row's ``w`` and ``ṽ`` are scaled by ``factor`` (as weight decay, Eq. 21/90, would scale
+    them over ``log(factor) / log(1 − γ)`` steps) and the slow mean restarts from the fast one. The rows
+    learnt since then dominate where they exist; older rows still answer where nothing newer is. With a
+    falling error (no drift) nothing fires and the policy changes nothing.
+
+    The discount is decided at run time, so it has no static ``retention``: it is refused with momentum
+    and on a cold tier (``dynamic_age``)."""
+    _check_number("drift_discount factor", factor, lambda x: 0 < x < 1, "a number in (0, 1)")
+    _check_number("drift_discount threshold", threshold, lambda x: x > 0, "a number > 0")
+    for n, v in (("fast", fast), ("slow", slow)):
+        _check_number(f"drift_discount {n}", v, lambda x: 0 < x <= 1, "a number in (0, 1]")
+    if not slow < fast:
+        raise ValueError(f"drift_discount needs slow < fast (the slow mean is the baseline), got fast={fast}, "
+                         f"slow={slow}")
+    for n, v in (("warmup", warmup), ("cooldown", cooldown)):
+        _check_number(f"drift_discount {n}", v, lambda x: int(x) == x and x >= 0, "an integer >= 0")
+
+    def init(mem):   # distinct buffers: the trainer donates the state
+        return DriftState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
+                          jnp.full((), -10 ** 6, jnp.int32), jnp.zeros((), jnp.int32))
+
+    def age(g, state):
+        mem = g.mem
+        if mem.v.dtype != jnp.float32:
+            raise ValueError("drift_discount scales the stored values, which rows stored in "
+                             f"{mem.v.dtype} cannot represent exactly; use row_dtype='float32' for this layer")
+        n = jnp.maximum(g.mask.sum(dtype=jnp.int32), 1)
+        e = jnp.sum(jnp.where(g.mask, _norm(g.rows.v), 0.0)) / n
+        first = state.steps == 0
+        f = jnp.where(first, e, (1 - fast) * state.fast + fast * e)
+        sl = jnp.where(first, e, (1 - slow) * state.slow + slow * e)
+        fire = (state.steps >= warmup) & (state.steps - state.last >= cooldown) & (f > sl * (1 + threshold))
+        scale = jnp.where(fire, jnp.float32(factor), jnp.float32(1.0))
+        w = mem.w * scale if _weighted(mem) else mem.w
+        mem = mem.replace(w=w, v=mem.v * scale.astype(mem.v.dtype))
+        state = DriftState(f, jnp.where(fire, f, sl), state.steps + 1, jnp.where(fire, state.steps, state.last),
+                           state.fired + fire.astype(jnp.int32))
+        return g._replace(mem=mem), state
+
+    name = f"drift_discount(factor={factor}, threshold={threshold})"
+    return policy(name, init=init, age=age)._replace(dynamic_age=True)
+
+
 def momentum_coefficients(born, t, mu: float, retention: float = 1.0) -> jax.Array:
     """Timestamp momentum ``c(t, born)`` for stored values that decay by ``retention`` per step.
 
@@ -744,4 +813,4 @@ def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
 
 #: built-in policy factories by name (the TOML presets use these names)
 BUILTINS = {"novelty": novelty, "capacity": capacity, "weight_decay": weight_decay, "momentum": momentum,
-            "labels": labels}
+            "labels": labels, "drift_discount": drift_discount}
