@@ -1,60 +1,74 @@
-"""growmem against Avalanche's strategies on Split-MNIST and Permuted-MNIST (same data, same seeds).
+"""The continual benchmark: growmem's methods against order-free baselines and Avalanche's strategies, at
+equal bytes, over seeds, with every hyperparameter chosen on a validation split.
 
-For each stream, every method trains experience after experience and is evaluated on the whole
-test stream after each one (Avalanche's accuracy matrix); memory is counted in bytes the same
-way for every method (:mod:`growmem.continual.memory_bytes`). Methods: ``growmem`` — a target
-memory (:mod:`growmem.nadaraya`: Nadaraya–Watson rows whose values are the labels, T learned
-online, single pass) with the preset made for the stream: ``target_dct`` (fixed DCT image keys) on
-Split-MNIST, ``target_subspaces`` (PCA subspaces opened on novelty, redundant rows evicted) on
-Permuted-MNIST; swap it with ``--policy PRESET`` — and Avalanche's ``naive``,
-``ewc``, ``lwf``, ``gdumb``, ``replay_1000``, ``replay_4400``, ``cumulative``, ``joint`` with
-``SimpleMLP`` (2 x 400, no dropout), SGD lr 0.01 momentum 0.9, batch 64, 2 epochs per
-experience on Split-MNIST and 1 on Permuted-MNIST (see ``growmem/continual/baselines.py``).
+Streams: Split-MNIST (class-incremental), Permuted-MNIST and Rotated-MNIST (domain-incremental), all of
+MNIST. Every method trains experience after experience and is evaluated on the whole test stream after each
+one (Avalanche's accuracy matrix). Methods are named by what they are (:mod:`growmem.continual.methods`):
+``target:dct`` (a Nadaraya–Watson target memory on DCT keys), ``target:subspaces``, ``net:<preset>`` (a
+growing network), the order-free baselines on the same keys and on raw pixels (``knn:``, ``ncm:``,
+``slda:``), and Avalanche's strategies with their recipes (``growmem/continual/baselines.py``): ``naive``,
+``ewc``, ``lwf``, ``gdumb`` (its authors' recipe), ``replay_4400``, ``replay_bytes`` (as many samples as the
+budget holds), ``cumulative``, ``joint``.
 
-The default memory budget is what Replay-4400 holds: 4400 MNIST images as float32 plus the
-SimpleMLP's parameters (4400·784·4 + 478,410·4 = 15,712,840 B ≈ 15.7 MB); growmem is bounded by it.
-Beside the main table the ``cpu`` preset measures ``growmem`` at smaller budgets (2, 5, 10 MB; the
-first seed: accuracy against bytes, ``curve.<stream>``) and, on Split-MNIST, the same configuration
-on the shuffled stream (one experience of all classes: ``summary.split_mnist.growmem_iid``) — the
-"no forgetting" comparison.
+**Bytes.** One budget for every method (``--memory-budget``, default 15.7 MB): growmem's methods are
+bounded by it, ``replay_bytes`` is sized by it, and every method's peak bytes in use are checked against
+it. Stored samples are counted as a user stores them (``--replay-dtype uint8``: 784 pixel bytes and a
+one-byte label per MNIST image; ``float32`` counts the loader's tensors).
 
-    python benchmarks/continual.py --preset smoke   # seconds per method on a slice of MNIST (run by the tests)
-    python benchmarks/continual.py --preset cpu     # full streams, 3 seeds (hours on 2 shared cores)
-    python benchmarks/continual.py --preset paper   # full streams, 5 seeds
+**Hyperparameters** come from ``benchmarks/results/continual_tune.json`` (``benchmarks/continual_tune.py``
+chose them on each stream's validation split: 10 % of each class's training images held out; the test
+split is not read there). A method the tuning file does not name runs with its preset or recipe.
 
-Writes ``benchmarks/results/continual.json`` (``summary.<stream>.<method>.{accuracy, bytes}``:
-``accuracy`` = ``acc_mean_over_experiences`` — the mean over test experiences of the final
-accuracies — averaged over seeds, with ``accuracy_std``; ``acc_stream_weighted`` is
-Avalanche's sample-weighted stream accuracy; ``bytes`` = the peak bytes in use over the stream,
-with ``bytes_std`` and ``bytes_allocated``) and ``continual.png``. Needs MNIST (``--data-dir`` or
-``GROWMEM_DATA``) and the continual extra (``pip install 'growmem[continual]'``).
+**Seeds.** The ``cpu`` preset runs 3 seeds of every method a claim compares; ``naive``, ``ewc`` and ``lwf``
+run one seed (``seeds`` in the summary says so). A difference is called only beyond 2 standard errors of
+the difference (:func:`growmem.reporting.compare`), else a tie.
+
+    python benchmarks/continual.py --preset smoke                 # seconds (run by the tests, generated data)
+    python benchmarks/continual.py --preset cpu --streams split_mnist --methods target:dct,knn:dct --merge
+    python benchmarks/continual.py --preset cpu                   # everything (many hours on 2 cores)
+
+``--merge`` adds the runs of this invocation to the JSON already in ``--out`` (replacing runs of the same
+stream, method and seed), so a ``cpu`` run can be split by stream, method or seed; ``invocations`` records
+each call. Writes ``continual.json`` (``summary.<stream>.<method>.{accuracy_mean, accuracy_std, bytes,
+seeds, wall_s, ...}``), ``continual.png`` (accuracy against bytes, with the budget sweep) and
+``continual_stream.png`` (accuracy over the stream).
 """
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import os
 import sys
 import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STREAMS = ("split_mnist", "permuted_mnist")
-METHODS = ("growmem", "naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "cumulative", "joint")
-#: growmem's preset per stream (--policy overrides it for every stream)
-GROWMEM_PRESETS = {"split_mnist": "target_dct", "permuted_mnist": "target_subspaces"}
-#: 4400 float32 MNIST images + the SimpleMLP (784-400-400-10) parameters at float32
-REPLAY_4400_BYTES = 4400 * 784 * 4 + (784 * 400 + 400 + 400 * 400 + 400 + 400 * 10 + 10) * 4
+TUNED = RESULTS / "continual_tune.json"
+STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist")
+BUDGET = "15.7MB"
+#: the methods each stream runs (and the growmem method the others are compared with, first)
+METHODS = {
+    "split_mnist": ("target:dct", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "knn:raw", "ncm:raw", "slda:raw",
+                    "replay_bytes", "replay_4400", "gdumb", "cumulative", "joint", "naive", "ewc", "lwf"),
+    "permuted_mnist": ("target:subspaces", "net:replay_proj", "knn:raw", "ncm:raw", "slda:raw", "replay_bytes", "replay_4400", "gdumb",
+                       "cumulative", "joint", "naive", "ewc", "lwf"),
+}
+METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
+#: methods whose claims are not compared: one seed is enough (marked in the summary)
+ONE_SEED = ("naive", "ewc", "lwf")
+#: the methods of the accuracy-against-bytes sweep (first seed), and the budgets (bytes)
+SWEEP = ("target:dct", "target:subspaces", "knn:dct", "knn:raw", "replay_bytes")
 
 PRESETS = {
-    # a slice of MNIST: ~200 training images per Split-MNIST experience, 3 permutations of 500
+    # a slice of the data: ~200 training images per Split-MNIST experience, 3 permutations / rotations of 500
     "smoke": dict(seeds=[1], stream_options={"split_mnist": dict(train_limit=1000, test_limit=500),
-                                             "permuted_mnist": dict(n_experiences=3, train_limit=500,
-                                                                    test_limit=200)},
-                  curve=[2_000_000], iid=True),
-    "cpu": dict(seeds=[1, 2, 3], stream_options={"split_mnist": {}, "permuted_mnist": {}},
-                curve=[2_000_000, 5_000_000, 10_000_000], iid=True),
-    "paper": dict(seeds=[1, 2, 3, 4, 5], stream_options={"split_mnist": {}, "permuted_mnist": {}},
-                  curve=[2_000_000, 5_000_000, 10_000_000], iid=True),
+                                             "permuted_mnist": dict(n_experiences=3, train_limit=500, test_limit=200),
+                                             "rotated_mnist": dict(n_experiences=3, train_limit=500, test_limit=200)},
+                  sweep=[5_000_000], iid=True, epochs_cap=2),
+    "cpu": dict(seeds=[1, 2, 3], stream_options={s: {} for s in STREAMS}, sweep=[2_000_000, 5_000_000, 10_000_000],
+                iid=True, epochs_cap=None),
+    "paper": dict(seeds=[1, 2, 3, 4, 5], stream_options={s: {} for s in STREAMS},
+                  sweep=[2_000_000, 5_000_000, 10_000_000], iid=True, epochs_cap=None),
 }
 
 
@@ -62,163 +76,211 @@ def _csv(text):
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def stream_summary(doc) -> dict:
+def tuned_settings(path, stream: str) -> dict:
+    """``{method: settings}`` chosen for ``stream`` in the tuning file (``{}`` when it has none)."""
+    if path is None or not Path(path).is_file():
+        return {}
+    doc = json.loads(Path(path).read_text())
+    return {m: r["chosen"] for m, r in doc.get("streams", {}).get(stream, {}).items() if r.get("chosen") is not None}
+
+
+def stream_summary(runs, reference: str) -> dict:
+    """``{method: {accuracy_mean, accuracy_std, seeds, bytes, ..., vs_reference}}`` from the runs of one
+    stream (mean ± sample std over seeds; ``vs_reference``: better / worse / tie / untested against the
+    stream's growmem method, beyond 2 standard errors)."""
+    from growmem.continual.report import aggregate, verdicts
+
+    agg = aggregate(runs)
+    calls = verdicts(agg, reference) if reference in agg and len(agg[reference]["seeds"]) > 1 else {}
     out = {}
-    for method, agg in doc["summary"].items():
-        g = lambda k, f="mean": agg[k][f] if k in agg else None  # noqa: E731
-        out[method] = {"accuracy": g("acc_mean_over_experiences"), "accuracy_std": g("acc_mean_over_experiences", "std"),
-                       "acc_stream_weighted": g("acc_stream_weighted"),
-                       "acc_stream_weighted_std": g("acc_stream_weighted", "std"),
-                       "forgetting": g("forgetting"), "bwt": g("bwt"),
-                       "bytes": g("bytes_in_use_peak"), "bytes_std": g("bytes_in_use_peak", "std"),
-                       "bytes_allocated": g("bytes_allocated_peak"), "train_seconds": g("train_seconds"),
-                       "seeds": len(agg.get("seeds", [])), "within_budget": agg.get("within_budget")}
+    for m, a in agg.items():
+        r = next(x for x in runs if x["method"] == m)
+        g = lambda k, f="mean": a[k][f] if k in a else None  # noqa: E731
+        out[m] = {"description": r.get("description"), "accuracy_mean": g("acc_mean_over_experiences"),
+                  "accuracy_std": g("acc_mean_over_experiences", "std"),
+                  "accuracy_values": g("acc_mean_over_experiences", "values"),
+                  "acc_stream_weighted": g("acc_stream_weighted"), "forgetting": g("forgetting"), "bwt": g("bwt"),
+                  "bytes": g("bytes_in_use_peak"), "bytes_allocated": g("bytes_allocated_peak"),
+                  "wall_s": g("wall_seconds"), "seeds": len(a["seeds"]),
+                  "within_budget": a.get("within_budget"), "vs_reference": calls.get(m)}
     return out
 
 
-def plot(summary, path, budget, curve=None):
+def _merge(old_runs, new_runs):
+    key = lambda r: (r["stream"], r["method"], r.get("split", "test"), r["seed"])  # noqa: E731
+    fresh = {key(r) for r in new_runs}
+    return [r for r in old_runs if key(r) not in fresh] + list(new_runs)
+
+
+def plot(payload, out: Path):
+    """``continual.png``: accuracy against peak bytes per stream (every method; the sweep's methods as
+    curves); ``continual_stream.png``: mean accuracy on the experiences seen after each experience."""
     from growmem.reporting import pyplot, save_figure
 
     plt = pyplot()
-    streams = list(summary)
-    fig, axes = plt.subplots(3, len(streams), figsize=(6 * len(streams), 10.5), squeeze=False)
-    for c, stream in enumerate(streams):
-        methods = list(summary[stream])
-        acc = [summary[stream][m]["accuracy"] or 0 for m in methods]
-        err = [summary[stream][m]["accuracy_std"] or 0 for m in methods]
-        byt = [summary[stream][m]["bytes"] or 0 for m in methods]
-        colors = ["C3" if m.startswith("growmem") else "C0" for m in methods]
-        ax = axes[0, c]
-        ax.bar(methods, acc, yerr=err, color=colors)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("acc_mean_over_experiences")
-        ax.set_title(stream)
-        ax.tick_params(axis="x", rotation=45)
-        ax = axes[1, c]
-        ax.bar(methods, byt, color=colors)
-        ax.set_yscale("log")
-        ax.set_ylabel("peak bytes in use")
-        if budget:
-            ax.axhline(budget, color="k", ls="--", lw=0.8, label=f"budget {budget / 1e6:.1f} MB")
-            ax.legend(fontsize=8)
-        ax.tick_params(axis="x", rotation=45)
-        ax = axes[2, c]                                   # accuracy against bytes
-        pts = sorted((curve or {}).get(stream, []), key=lambda p: p["bytes"])
-        if pts:
-            ax.plot([p["bytes"] / 1e6 for p in pts], [p["accuracy"] for p in pts], "o-", color="C3",
-                    label="growmem (budgets)")
-        for m in ("replay_1000", "replay_4400", "gdumb", "joint"):
-            r = summary[stream].get(m)
-            if r and r["accuracy"] is not None and r["bytes"]:
-                ax.plot(r["bytes"] / 1e6, r["accuracy"], "s", label=m)
+    streams = list(payload["summary"])
+    fig, axes = plt.subplots(1, len(streams), figsize=(6.5 * len(streams), 5), squeeze=False)
+    for ax, stream in zip(axes[0], streams):
+        rows = payload["summary"][stream]
+        for k, (m, r) in enumerate(rows.items()):
+            if r["accuracy_mean"] is None or not r["bytes"]:
+                continue
+            ax.errorbar(r["bytes"] / 1e6, r["accuracy_mean"], yerr=r["accuracy_std"] or 0, fmt="o", color=f"C{k % 10}",
+                        label=f"{m} ({r['seeds']} seed{'s' if r['seeds'] > 1 else ''})", capsize=2)
+        for m, pts in payload.get("sweep", {}).get(stream, {}).items():
+            pts = sorted(pts, key=lambda p: p["bytes"])
+            ax.plot([p["bytes"] / 1e6 for p in pts], [p["accuracy"] for p in pts], "--", lw=1, color="0.4")
+            ax.annotate(m, (pts[0]["bytes"] / 1e6, pts[0]["accuracy"]), fontsize=6)
+        if payload["config"].get("budget_bytes"):
+            ax.axvline(payload["config"]["budget_bytes"] / 1e6, color="k", ls=":", lw=0.8, label="budget")
         ax.set_xscale("log")
-        ax.set_xlabel("peak memory (MB)")
-        ax.set_ylabel("accuracy (mean over experiences)")
-        ax.legend(fontsize=8)
+        ax.set_xlabel("peak memory in use (MB)")
+        ax.set_ylabel("final accuracy, mean over test experiences")
+        ax.set_title(stream)
+        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, out / "continual.png")
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(streams), figsize=(6.5 * len(streams), 4.5), squeeze=False)
+    for ax, stream in zip(axes[0], streams):
+        for k, m in enumerate(payload["summary"][stream]):
+            mats = [r["accuracy_matrix"] for r in payload["runs"] if r["stream"] == stream and r["method"] == m
+                    and len(r["accuracy_matrix"]) > 1]
+            if not mats:
+                continue
+            import numpy as np
+            seen = np.mean([[np.mean([v for v in row[:i + 1] if v is not None]) for i, row in enumerate(a)]
+                            for a in mats], axis=0)
+            ax.plot(range(1, len(seen) + 1), seen, marker="o", ms=3, label=m, color=f"C{k % 10}")
+        ax.set_xlabel("experiences trained")
+        ax.set_ylabel("mean accuracy on the experiences seen")
+        ax.set_ylim(0, 1)
+        ax.set_title(stream)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    save_figure(fig, out / "continual_stream.png")
     plt.close(fig)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for continual.json and continual.png")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for continual.json and the plots")
     ap.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (or set GROWMEM_DATA)")
     ap.add_argument("--streams", default=",".join(STREAMS), help="comma-separated subset of " + ", ".join(STREAMS))
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    ap.add_argument("--methods", default=None, help="comma-separated methods (default: each stream's METHODS)")
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
-    ap.add_argument("--policy", default=None, help="growmem preset for every stream (default: "
-                    + ", ".join(f"{k}: {v}" for k, v in GROWMEM_PRESETS.items()) + ")")
-    ap.add_argument("--no-extras", action="store_true", help="skip the budget curve and the shuffled-stream run")
-    ap.add_argument("--curve-streams", default=None,
-                    help="comma-separated streams that get the budget curve (default: every stream run)")
-    ap.add_argument("--memory-budget", default=str(REPLAY_4400_BYTES),
-                    help="growmem's memory budget in bytes or a size (default: Replay-4400's bytes, "
-                         f"{REPLAY_4400_BYTES}); 'none' for no cap")
-    ap.add_argument("--loop", choices=["fast", "template"], default="fast", help="growmem's training loop")
-    ap.add_argument("--checkpoint-dir", type=Path, default=None, help="checkpoint every run here (per stream)")
-    ap.add_argument("--resume", action="store_true", help="continue the runs in --checkpoint-dir")
+    ap.add_argument("--memory-budget", default=BUDGET, help=f"the budget of every method (default {BUDGET})")
+    ap.add_argument("--replay-dtype", choices=["uint8", "float32"], default="uint8",
+                    help="how stored samples are counted (default uint8: what a user stores)")
+    ap.add_argument("--tuned", type=Path, default=TUNED, help="the tuning results (default %(default)s)")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the accuracy-against-bytes sweep")
+    ap.add_argument("--no-iid", action="store_true", help="skip the shuffled-stream runs of growmem's methods")
+    ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
+    from growmem.continual.methods import resolve
     from growmem.continual.runner import run_continual
     from growmem.reporting import write_json
+    from growmem.units import parse_size
 
     cfg = PRESETS[args.preset]
     streams = _csv(args.streams)
     bad = [s for s in streams if s not in STREAMS]
     if bad:
         raise SystemExit(f"unknown stream(s) {bad}; choose from {', '.join(STREAMS)}")
-    methods = _csv(args.methods)
     seeds = [int(s) for s in _csv(args.seeds)] if args.seeds else cfg["seeds"]
-    budget = None if args.memory_budget.lower() == "none" else args.memory_budget
-    if budget is not None and budget.isdigit():
-        budget = int(budget)
+    budget = parse_size(args.memory_budget)
     t0 = time.perf_counter()
-    docs, extras, curve = {}, {}, {}
-    presets = {s: args.policy or GROWMEM_PRESETS[s] for s in streams}
+    new_runs, sweep_runs, iid_runs = [], [], []
 
-    def run(stream, meths, run_seeds, run_budget, options, tag):
-        ck = None if args.checkpoint_dir is None else args.checkpoint_dir / f"{stream}{tag}"
-        return run_continual(stream, meths, run_seeds, run_budget, False, ck, args.resume, growmem=presets[stream],
-                             stream_options=options, data_dir=args.data_dir, growmem_loop=args.loop,
-                             progress=not args.no_progress, threads=args.threads, verbose=True)
+    def run(stream, methods, run_seeds, run_budget, options, settings):
+        epochs = None
+        if cfg["epochs_cap"]:   # smoke: a recipe's 128 epochs would take minutes on a slice; cap them
+            epochs = {m: cfg["epochs_cap"] for m in methods if resolve(m, stream).kind == "avalanche"}
+        return run_continual(stream, methods, run_seeds, run_budget, stream_options=options, data_dir=args.data_dir,
+                             method_settings={m: s for m, s in settings.items() if m in methods}, epochs=epochs,
+                             replay_dtype=args.replay_dtype, progress=not args.no_progress, threads=args.threads,
+                             verbose=True)["runs"]
 
     for stream in streams:
-        docs[stream] = run(stream, methods, seeds, budget, cfg["stream_options"][stream], "")
-    summary = {s: stream_summary(d) for s, d in docs.items()}
-    if "growmem" in methods and not args.no_extras:
-        curve_streams = _csv(args.curve_streams) if args.curve_streams is not None else streams
-        for stream in (s for s in streams if s in curve_streams):
-            pts = []
-            for b in cfg["curve"]:
-                d = run(stream, ["growmem"], seeds[:1], b, cfg["stream_options"][stream], f"_budget{b}")
-                r = stream_summary(d)["growmem"]
-                extras[f"{stream}_budget{b}"] = {k: d[k] for k in ("config", "summary")}
-                pts.append({"budget": b, "accuracy": r["accuracy"], "bytes": r["bytes"], "seeds": r["seeds"]})
-            g = summary[stream]["growmem"]
-            pts.append({"budget": docs[stream]["budget_bytes"], "accuracy": g["accuracy"], "bytes": g["bytes"],
-                        "seeds": g["seeds"]})
-            curve[stream] = pts
-        if "split_mnist" in streams and cfg["iid"]:
-            # the same configuration on the shuffled stream: one experience holding every class
-            opts = {**cfg["stream_options"]["split_mnist"], "n_experiences": 1}
-            d = run("split_mnist", ["growmem"], seeds, budget, opts, "_iid")
-            extras["split_mnist_iid"] = {k: d[k] for k in ("config", "summary")}
-            summary["split_mnist"]["growmem_iid"] = stream_summary(d)["growmem"]
-    budget_bytes = next(iter(docs.values()))["budget_bytes"] if docs else None
+        known = {m for ms in METHODS.values() for m in ms}
+        methods = [m for m in _csv(args.methods) if m in METHODS[stream] or m not in known] if args.methods \
+            else list(METHODS[stream])
+        settings = tuned_settings(args.tuned, stream)
+        opts = cfg["stream_options"][stream]
+        many = [m for m in methods if m not in ONE_SEED]
+        few = [m for m in methods if m in ONE_SEED]
+        if many:
+            new_runs += run(stream, many, seeds, budget, opts, settings)
+        if few:
+            new_runs += run(stream, few, seeds[:1], budget, opts, settings)
+        learners = [m for m in many if resolve(m, stream).kind == "learner"]
+        if not args.no_sweep:
+            for m in (m for m in methods if m in SWEEP):
+                for b in cfg["sweep"]:
+                    try:
+                        sweep_runs += [{**r, "budget": b} for r in run(stream, [m], seeds[:1], b, opts, settings)]
+                    except ValueError as e:     # e.g. replay's model alone is larger than the budget
+                        print(f"{stream} {m} at {b / 1e6:.1f} MB: not run ({e})", file=sys.stderr)
+        if cfg["iid"] and not args.no_iid and stream == "split_mnist" and learners:
+            # the same methods on the shuffled stream (one experience of every class): what the order costs
+            iid_runs += run(stream, learners, seeds, budget, {**opts, "n_experiences": 1}, settings)
+
+    path = args.out / "continual.json"
+    old = json.loads(path.read_text()) if (args.merge and path.is_file()) else {}
+    runs = _merge(old.get("runs", []), new_runs)
+    sweep_all = _merge(old.get("sweep_runs", []), [dict(r, method=f"{r['method']}@{r['budget']}") for r in sweep_runs])
+    iid_all = _merge(old.get("iid_runs", []), iid_runs)
+    summary, sweep, iid = {}, {}, {}
+    for stream in dict.fromkeys([r["stream"] for r in runs]):
+        ref = METHODS.get(stream, ("",))[0]
+        summary[stream] = stream_summary([r for r in runs if r["stream"] == stream], ref)
+        for r in (r for r in sweep_all if r["stream"] == stream):
+            name = r["method"].rsplit("@", 1)[0]
+            sweep.setdefault(stream, {}).setdefault(name, []).append(
+                {"budget": r["budget"], "accuracy": r["summary"]["acc_mean_over_experiences"],
+                 "bytes": r["summary"]["bytes_in_use_peak"]})
+        for name, row in summary[stream].items():   # the main budget is a point of the sweep too
+            if name in sweep.get(stream, {}) and row["seeds"]:
+                first = next(r for r in runs if r["stream"] == stream and r["method"] == name)
+                sweep[stream][name].append({"budget": budget, "accuracy": first["summary"]["acc_mean_over_experiences"],
+                                            "bytes": first["summary"]["bytes_in_use_peak"]})
+        rows = stream_summary([r for r in iid_all if r["stream"] == stream], "") if iid_all else {}
+        if rows:
+            iid[stream] = rows
+    invocation = {"command": "python benchmarks/continual.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
+                  "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                  "runs": sorted({f"{r['stream']}/{r['method']}/seed{r['seed']}" for r in new_runs})}
     payload = {"benchmark": "continual", "preset": args.preset,
-               "command": "python benchmarks/continual.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               "config": {"streams": streams, "methods": methods, "seeds": seeds, "budget_bytes": budget_bytes,
-                          "stream_options": {s: cfg["stream_options"][s] for s in streams},
-                          "growmem_presets": presets, "loop": args.loop},
-               "summary": summary, "curve": curve, "seconds": time.perf_counter() - t0,
-               "extras": extras,
-               "streams": {s: {k: d[k] for k in ("config", "stream", "runs", "summary")} for s, d in docs.items()}}
-    path = write_json(args.out / "continual.json", payload)
-    plot(summary, args.out / "continual.png", budget_bytes, curve)
+               "config": {"budget_bytes": budget, "replay_dtype": args.replay_dtype, "seeds": seeds,
+                          "stream_options": {s: cfg["stream_options"][s] for s in STREAMS},
+                          "tuned": str(args.tuned) if args.tuned and Path(args.tuned).is_file() else None,
+                          "one_seed": list(ONE_SEED), "methods": {s: list(m) for s, m in METHODS.items()}},
+               "summary": summary, "iid": iid, "sweep": sweep,
+               "invocations": old.get("invocations", []) + [invocation],
+               "runs": runs, "sweep_runs": sweep_all, "iid_runs": iid_all}
+    out = write_json(path, payload)
+    plot(payload, args.out)
 
     print()
     for stream, rows in summary.items():
-        ref = rows.get("replay_4400")
-        print(f"{stream}:")
-        for m, r in rows.items():
-            line = (f"  {m:12s} accuracy {r['accuracy']:.4f}" + (f"±{r['accuracy_std']:.4f}" if r["seeds"] > 1 else "")
-                    + f"  stream-weighted {r['acc_stream_weighted']:.4f}  peak bytes {r['bytes'] / 1e6:9.3f} MB")
-            if ref and m != "replay_4400" and ref["accuracy"] and ref["bytes"]:
-                line += (f"  accuracy / replay_4400 {r['accuracy'] / ref['accuracy']:.3f}  "
-                         f"bytes / replay_4400 {r['bytes'] / ref['bytes']:.3f}")
-            print(line)
-        for p in curve.get(stream, []):
-            print(f"  growmem at budget {p['budget'] / 1e6:6.2f} MB: accuracy {p['accuracy']:.4f}, peak "
-                  f"{p['bytes'] / 1e6:.3f} MB")
-        iid = rows.get("growmem_iid")
-        if iid and rows.get("growmem"):
-            print(f"  no-forgetting gap (shuffled - class-incremental): "
-                  f"{iid['accuracy'] - rows['growmem']['accuracy']:+.4f}")
-    print(f"wrote {path} and {args.out / 'continual.png'}")
+        print(f"{stream} (budget {budget / 1e6:.2f} MB; vs {METHODS.get(stream, ('',))[0]}, beyond 2 standard errors):")
+        for m, r in sorted(rows.items(), key=lambda kv: -(kv[1]["accuracy_mean"] or 0)):
+            acc = f"{r['accuracy_mean']:.4f}" + (f" ± {r['accuracy_std']:.4f}" if r["seeds"] > 1 else " (1 seed)")
+            over = "" if r["within_budget"] is not False else " OVER BUDGET"
+            print(f"  {m:18s} {acc:18s} {r['bytes'] / 1e6:9.2f} MB{over:12s} {r['wall_s']:8.0f} s  "
+                  f"{r['vs_reference'] or ''}")
+        for m, r in iid.get(stream, {}).items():
+            ci = rows.get(m)
+            if ci:
+                print(f"  {m} shuffled {r['accuracy_mean']:.4f}: class-incremental order costs "
+                      f"{r['accuracy_mean'] - ci['accuracy_mean']:+.4f}")
+    print(f"wrote {out}, {args.out / 'continual.png'} and {args.out / 'continual_stream.png'}")
     return payload
 
 

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Sequence
 
 
 def _jsonable(x):
@@ -71,3 +71,42 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# --------------------------------------------------------------------------- mean ± std, and ties
+
+def mean_std(values: Sequence[float]) -> Dict[str, Any]:
+    """``{"mean", "std", "n", "values"}``: ``std`` is the sample standard deviation (ddof = 1; 0.0 for a
+    single value, which ``n == 1`` marks as unmeasured)."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("mean_std needs at least one value")
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return {"mean": mean, "std": std, "n": len(vals), "values": vals}
+
+
+def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
+    """``sqrt(s_a²/n_a + s_b²/n_b)`` (sample variances), or None when either side has fewer than two
+    values (its spread is not measured)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    sa, sb = mean_std(a)["std"], mean_std(b)["std"]
+    return math.sqrt(sa * sa / len(a) + sb * sb / len(b))
+
+
+def compare(a: Sequence[float], b: Sequence[float], *, higher: bool = True, k: float = 2.0) -> str:
+    """``"better"`` if ``a`` beats ``b`` (higher mean when ``higher``) by more than ``k`` standard errors
+    of the difference, ``"worse"`` if ``b`` beats ``a`` by as much, else ``"tie"``; ``"untested"`` when a
+    side has fewer than two values. Two sides without any spread are told apart by their means."""
+    se = standard_error_of_difference(a, b)
+    if se is None:
+        return "untested"
+    d = mean_std(a)["mean"] - mean_std(b)["mean"]
+    if not higher:
+        d = -d
+    if d > k * se:
+        return "better"
+    if -d > k * se:
+        return "worse"
+    return "tie"

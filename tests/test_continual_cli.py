@@ -23,15 +23,17 @@ def test_cli_runs_growmem_variants_against_a_baseline_and_writes_json_and_png(tm
     assert main(["--n-experiences", "2", "--train-limit", "64", "--test-limit", "32", "--baselines", "naive",
                  "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     doc = json.loads((out / "continual.json").read_text())
-    # no --policy on the drifting stream: the three growmem memories (never forgets / decays / a window)
-    assert list(doc["summary"]) == ["growmem", "growmem:continual_decay", "growmem:continual_window", "naive"]
+    # no --policy on the drifting stream: the three growing networks (never forgets / decays / a window), named
+    # by what they are
+    assert list(doc["summary"]) == ["net:continual_growmem", "net:continual_decay", "net:continual_window", "naive"]
+    assert doc["methods"]["net:continual_growmem"]["alias"] == "growmem"
     assert doc["stream"]["name"] == "drifting_teacher" and doc["stream"]["train_sizes"] == [64, 64]
     for m, agg in doc["summary"].items():
         assert 0 <= agg["acc_mean_over_experiences"]["mean"] <= 1 and agg["bytes_in_use_peak"]["mean"] > 0, m
     for png in ("continual_accuracy_matrix.png", "continual_stream.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
-    assert "acc_mean_over_exps" in table and "acc_stream_weighted" in table and "growmem:continual_decay" in table
+    assert "acc_mean_over_exps" in table and "acc_stream_weighted" in table and "net:continual_decay" in table
 
 
 def test_cli_errors_name_the_valid_choices(tmp_path):
@@ -47,44 +49,63 @@ def test_cli_errors_name_the_valid_choices(tmp_path):
         main(["--memory-budget", "lots", "--out", str(tmp_path)])
 
 
-def _bench_main():
+def _bench_module(name="continual"):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_continual", ROOT / "benchmarks" / "continual.py")
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.main
+    return mod
 
 
 def test_benchmark_smoke_writes_the_summary_of_every_stream_and_method(tmp_path):
-    _bench_main()(["--preset", "smoke", "--out", str(tmp_path), "--no-progress"])
+    bench = _bench_module()
+    bench.main(["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json")])
     doc = json.loads((tmp_path / "continual.json").read_text())
-    assert (tmp_path / "continual.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    methods = ["growmem", "naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "cumulative", "joint"]
+    for png in ("continual.png", "continual_stream.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     budget = doc["config"]["budget_bytes"]
-    assert budget == 4400 * 784 * 4 + 478410 * 4
-    for stream in ("split_mnist", "permuted_mnist"):
+    assert budget == 15_700_000
+    runs = {(r["stream"], r["method"], r["seed"]): r for r in doc["runs"]}
+    for stream in ("split_mnist", "permuted_mnist", "rotated_mnist"):
         s = doc["summary"][stream]
-        # Split-MNIST also holds growmem on the shuffled stream (one experience of every class)
-        assert list(s) == methods + (["growmem_iid"] if stream == "split_mnist" else [])
-        # accuracy against bytes: growmem at a smaller budget (within it) and at the main one
-        pts = doc["curve"][stream]
-        assert [p["budget"] for p in pts] == [2_000_000, budget]
-        assert all(p["bytes"] <= p["budget"] and 0 <= p["accuracy"] <= 1 for p in pts)
-        for m in methods:
-            assert 0 <= s[m]["accuracy"] <= 1 and s[m]["bytes"] > 0, (stream, m)
-        # growmem is capped to the budget, rows in use and allocated
-        assert s["growmem"]["bytes"] <= budget and s["growmem"]["bytes_allocated"] <= budget
-        assert s["growmem"]["within_budget"] is True
-        # what each method keeps besides its model: EWC its Fisher and old parameters, LwF the old model
-        assert s["ewc"]["bytes"] > s["lwf"]["bytes"] > s["naive"]["bytes"]
-        assert s["replay_4400"]["bytes"] >= s["replay_1000"]["bytes"] > s["naive"]["bytes"]
-    # Split-MNIST: 5 experiences; Permuted-MNIST smoke: 3; joint is evaluated once at the end
-    runs = {(st, r["method"]): r for st, d in doc["streams"].items() for r in d["runs"]}
-    assert len(runs["split_mnist", "naive"]["accuracy_matrix"]) == 5
-    assert len(runs["permuted_mnist", "naive"]["accuracy_matrix"]) == 3
-    assert len(runs["split_mnist", "joint"]["accuracy_matrix"]) == 1
-    assert runs["split_mnist", "naive"]["config"]["epochs"] == 2 and runs["permuted_mnist", "naive"]["config"]["epochs"] == 1
+        assert list(s) == [m for m in bench.METHODS[stream] if m not in bench.ONE_SEED] + list(bench.ONE_SEED)
+        for m, r in s.items():
+            assert 0 <= r["accuracy_mean"] <= 1 and r["bytes"] > 0 and r["wall_s"] > 0 and r["seeds"] == 1, (stream, m)
+            assert r["description"], m
+            # the mean is the runs' own number, not a constant
+            assert r["accuracy_mean"] == runs[stream, m, 1]["summary"]["acc_mean_over_experiences"]
+        ref = bench.METHODS[stream][0]
+        assert s[ref]["bytes"] <= budget and s[ref]["within_budget"] is True
+        # stored samples are counted as uint8 images + a one-byte label: replay's buffer is what the budget holds
+        rb = runs[stream, "replay_bytes", 1]
+        per = rb["config"]["sample_bytes"]
+        assert per == 784 + 1
+        assert rb["config"]["mem_size"] == (budget - 2 * 4 * 478_410) // per
+        assert s["replay_4400"]["bytes"] < s["replay_bytes"]["bytes"] <= budget
+    # accuracy against bytes: the sweep's methods at a smaller budget, within it
+    pts = doc["sweep"]["split_mnist"]["target:dct"]
+    assert sorted(p["budget"] for p in pts) == [5_000_000, budget] and all(p["bytes"] <= p["budget"] for p in pts)
+    # the shuffled stream (one experience of every class) for growmem's methods
+    assert doc["iid"]["split_mnist"]["target:dct"]["seeds"] == 1
+    # with one seed nothing is called better or worse
+    assert all(r["vs_reference"] is None for r in doc["summary"]["split_mnist"].values())
+    assert doc["invocations"][-1]["command"].startswith("python benchmarks/continual.py --preset smoke")
+
+
+def test_benchmark_merge_adds_runs_and_keeps_the_others(tmp_path):
+    bench = _bench_module()
+    common = ["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--no-sweep", "--no-iid",
+              "--streams", "split_mnist", "--tuned", str(tmp_path / "none.json")]
+    bench.main(common + ["--methods", "ncm:dct"])
+    bench.main(common + ["--methods", "knn:dct,ncm:dct", "--seeds", "1,2", "--merge"])
+    doc = json.loads((tmp_path / "continual.json").read_text())
+    keys = sorted((r["method"], r["seed"]) for r in doc["runs"])
+    assert keys == [("knn:dct", 1), ("knn:dct", 2), ("ncm:dct", 1), ("ncm:dct", 2)]
+    s = doc["summary"]["split_mnist"]
+    assert s["knn:dct"]["seeds"] == 2 and len(doc["invocations"]) == 2
+    vals = s["knn:dct"]["accuracy_values"]
+    assert s["knn:dct"]["accuracy_std"] == pytest.approx(float(np.std(vals, ddof=1)))
 
 
 # ----------------------------------------------------------------------------- offline streams = Avalanche's

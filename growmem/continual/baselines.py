@@ -1,22 +1,32 @@
-"""Avalanche's own strategies as baselines, and how their state is saved for a resume.
+"""Avalanche's own strategies as baselines, each with its recipe, and how their state is saved.
 
-Every baseline is Avalanche's strategy class with Avalanche's ``SimpleMLP`` (2 hidden layers
-of 400 units, **no dropout**; a classifier head per task on task-incremental streams), SGD
-(lr 0.01, momentum 0.9), mini-batches of 64:
+Every baseline is Avalanche's strategy class. Unless its recipe says otherwise the model is
+Avalanche's ``SimpleMLP`` (2 hidden layers of 400 units, **no dropout**; a classifier head per task
+on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of 64:
 
 =============== ============================================================================
 ``naive``        ``Naive`` (fine-tuning, the lower bound)
-``ewc``          ``EWC``, λ = 0.4, mode ``separate`` (``examples/ewc_mnist.py`` defaults)
-``lwf``          ``LwF``, α_i = i²/(i+1) for experience i (0, 0.5, 1.333, 2.25, 3.2, ... — the
-                 ``--lwf_alpha`` list of ``examples/lwf_mnist.py``, extended by its formula to
-                 streams longer than 5), temperature 1 (same example)
-``gdumb``        ``GDumb``, 4400 samples (``continual-learning-baselines`` Split-MNIST setting)
+``ewc``          ``EWC``, mode ``separate``, λ chosen on the validation split
+``lwf``          ``LwF``, α (one value for every experience) and the distillation temperature
+                 chosen on the validation split
+``gdumb``        ``GDumb`` with its authors' MNIST recipe (``drimpossible/GDumb``,
+                 ``scripts/replicate.sh``): 4400 samples, an MLP 784-400-400 with batch norm and
+                 no biases, 128 passes over the memory with SGD (momentum 0.9, weight decay 1e-6,
+                 batch 16, gradient norm clipped at 10), one warm-up pass at 0.1 × lr 0.05, then
+                 cosine annealing with warm restarts (T₀ = 1, T_mult = 2, down to 5e-4); the model
+                 after the last pass is evaluated (the authors' script reports the best pass on the
+                 test set, which we do not)
 ``replay_N``     ``Replay`` with a buffer of N samples (``replay_1000``, ``replay_4400``, any N)
-``cumulative``   ``Cumulative`` (retrains on everything seen so far, the upper bound)
-``joint``        ``JointTraining`` (one pass over the whole stream at once, offline)
+``replay_bytes`` ``Replay`` with as many samples as the memory budget holds next to the model and
+                 its optimizer state (budget-matched replay; needs a budget)
+``cumulative``   ``Cumulative`` (retrains on everything seen so far)
+``joint``        ``JointTraining`` (the whole stream at once, offline: the upper bound)
 =============== ============================================================================
 
-Epochs per experience: 2 on Split-MNIST, 1 on Permuted-MNIST (and elsewhere, unless given).
+:data:`SETTINGS` holds the shared defaults, :data:`RECIPES` what each method changes, and
+:data:`TUNED` the values chosen on each stream's validation split by ``benchmarks/continual_tune.py``
+(``benchmarks/results/continual_tune.json``; a test checks the two agree). ``settings`` passed to
+:func:`make_baseline` override all three.
 
 **Resume.** After each experience (and its evaluation) :func:`save_state` pickles the model,
 the optimizer and the strategy's plugins (EWC's importances, LwF's previous model, the replay
@@ -29,6 +39,7 @@ from ``(seed, experience)`` before every experience), so it ends with the same r
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -43,18 +54,28 @@ from .errors import require_avalanche, unknown
 require_avalanche()
 
 import torch  # noqa: E402
+from avalanche.core import SupervisedPlugin  # noqa: E402
 
-BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "cumulative", "joint")
+BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint")
 _REPLAY = re.compile(r"^replay_(\d+)$")
 
 #: the shared settings of every baseline (see the module docstring)
 SETTINGS: Dict[str, Any] = {
-    "hidden_size": 400, "hidden_layers": 2, "drop_rate": 0.0, "lr": 0.01, "momentum": 0.9, "train_mb_size": 64,
-    "eval_mb_size": 256, "ewc_lambda": 0.4, "ewc_mode": "separate", "lwf_temperature": 1.0,
-    "gdumb_mem_size": 4400,
+    "model": "simple_mlp", "hidden_size": 400, "hidden_layers": 2, "drop_rate": 0.0, "lr": 0.01, "momentum": 0.9,
+    "weight_decay": 0.0, "train_mb_size": 64, "eval_mb_size": 256, "clip": None, "schedule": "constant",
+    "ewc_lambda": 0.4, "ewc_mode": "separate", "lwf_alpha": None, "lwf_temperature": 1.0, "drop_last": False,
 }
-#: epochs per experience by stream (others: 1)
+#: what each method's recipe changes (its published or documented settings)
+RECIPES: Dict[str, Dict[str, Any]] = {
+    "gdumb": {"model": "gdumb_mlp", "lr": 0.05, "min_lr": 0.0005, "weight_decay": 1e-6, "train_mb_size": 16,
+              "clip": 10.0, "schedule": "gdumb", "epochs": 128, "mem_size": 4400,
+              "drop_last": True},   # batch norm needs two samples: a last batch of one is dropped
+}
+#: epochs per experience by stream, where no recipe or tuning says otherwise
 EPOCHS = {"split_mnist": 2, "permuted_mnist": 1}
+#: the values chosen on each stream's validation split (benchmarks/continual_tune.py writes
+#: benchmarks/results/continual_tune.json; tests/test_continual_tune.py checks they agree)
+TUNED: Dict[str, Dict[str, Dict[str, Any]]] = {}
 
 
 def is_baseline(name: str) -> bool:
@@ -67,9 +88,32 @@ def check_baseline(name: str) -> str:
     return name
 
 
+def recipe(name: str, stream_name: str, settings: Optional[dict] = None) -> Dict[str, Any]:
+    """The settings ``name`` trains with on ``stream_name``: shared defaults, its recipe, the tuned
+    values, then ``settings``."""
+    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else name
+    out = {**SETTINGS, **RECIPES.get(family, {}), **TUNED.get(stream_name, {}).get(family, {}),
+           **TUNED.get(stream_name, {}).get(name, {}), **(settings or {})}
+    m = _REPLAY.match(name)
+    if m:
+        out["mem_size"] = int(m.group(1))
+    return out
+
+
 def lwf_alphas(n_experiences: int):
-    """α_i = i²/(i+1): 0, 0.5, 1.333, 2.25, 3.2 for 5 experiences (Avalanche's LwF example)."""
+    """α_i = i²/(i+1): 0, 0.5, 1.333, 2.25, 3.2 for 5 experiences (Avalanche's LwF example), the
+    schedule used when no single α is chosen."""
     return [i * i / (i + 1) for i in range(max(1, n_experiences))]
+
+
+def replay_capacity(budget_bytes: int, fixed_bytes: int, sample_bytes: int) -> int:
+    """How many samples of ``sample_bytes`` fit in ``budget_bytes`` beside ``fixed_bytes`` (the model and
+    its optimizer state): budget-matched replay's buffer size."""
+    n = (int(budget_bytes) - int(fixed_bytes)) // int(sample_bytes)
+    if n < 1:
+        raise ValueError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
+                         f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
+    return int(n)
 
 
 def experience_seed(seed: int, experience: int) -> int:
@@ -77,63 +121,141 @@ def experience_seed(seed: int, experience: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(experience), 0x61766C]).generate_state(1)[0])
 
 
+class GDumbMLP(torch.nn.Module):
+    """GDumb's MNIST model: ``in → width → width → classes``, each a bias-free linear layer with batch
+    norm (ReLU after the hidden ones)."""
+
+    def __init__(self, input_size: int, num_classes: int, width: int = 400):
+        super().__init__()
+        def block(i, o, relu):
+            return [torch.nn.Linear(i, o, bias=False), torch.nn.BatchNorm1d(o, eps=1e-6)] + \
+                ([torch.nn.ReLU()] if relu else [])
+        self.features = torch.nn.Sequential(*block(input_size, width, True), *block(width, width, True))
+        self.classifier = torch.nn.Sequential(*block(width, num_classes, False))
+
+    def forward(self, x):
+        return self.classifier(self.features(x.reshape(x.shape[0], -1)))
+
+
 def make_model(stream, settings: Optional[dict] = None):
-    """Avalanche's ``SimpleMLP``; on a task-incremental stream with a head per task
-    (``as_multitask(model, "classifier")``, as Avalanche's ``examples/ewc_mnist.py`` does)."""
+    """The recipe's model: Avalanche's ``SimpleMLP`` or :class:`GDumbMLP`; on a task-incremental
+    stream with a head per task (``as_multitask(model, "classifier")``, as Avalanche's
+    ``examples/ewc_mnist.py`` does)."""
     from avalanche.models import SimpleMLP, as_multitask
 
     s = {**SETTINGS, **(settings or {})}
-    model = SimpleMLP(num_classes=stream.n_classes, input_size=stream.input_size, hidden_size=s["hidden_size"],
-                      hidden_layers=s["hidden_layers"], drop_rate=s["drop_rate"])
+    if s["model"] == "gdumb_mlp":
+        model = GDumbMLP(stream.input_size, stream.n_classes, s["hidden_size"])
+    elif s["model"] == "simple_mlp":
+        model = SimpleMLP(num_classes=stream.n_classes, input_size=stream.input_size, hidden_size=s["hidden_size"],
+                          hidden_layers=s["hidden_layers"], drop_rate=s["drop_rate"])
+    else:
+        raise unknown("baseline model", s["model"], ("simple_mlp", "gdumb_mlp"))
     return as_multitask(model, "classifier") if stream.task_incremental else model
+
+
+class TrainingRecipe(SupervisedPlugin):
+    """The parts of a recipe Avalanche's strategies do not take as arguments: gradient-norm clipping
+    (``clip``) and the learning-rate schedule over the epochs of each experience (``schedule``:
+    ``constant``; ``cosine``, from ``lr`` down to ``min_lr``; ``gdumb``, one warm-up epoch at 0.1 ×
+    ``lr``, then cosine annealing with warm restarts, T₀ = 1, T_mult = 2, down to ``min_lr``)."""
+
+    #: not learning state: rebuilt from the settings on a resume
+    transient = True
+
+    def __init__(self, lr: float, schedule: str = "constant", min_lr: float = 0.0, clip: Optional[float] = None):
+        super().__init__()
+        if schedule not in ("constant", "cosine", "gdumb"):
+            raise unknown("learning-rate schedule", schedule, ("constant", "cosine", "gdumb"))
+        self.lr, self.schedule, self.min_lr, self.clip = float(lr), schedule, float(min_lr), clip
+
+    def lr_at(self, epoch: int, epochs: int) -> float:
+        if self.schedule == "cosine":
+            return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * epoch / max(1, epochs)))
+        if self.schedule == "gdumb":
+            if epoch == 0:
+                return 0.1 * self.lr
+            t, period = epoch - 1, 1        # SGDR: restarts after 1, 2, 4, ... epochs
+            while t >= period:
+                t, period = t - period, 2 * period
+            return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * t / period))
+        return self.lr
+
+    def before_training_epoch(self, strategy, **kwargs):
+        lr = self.lr_at(int(strategy.clock.train_exp_epochs), int(strategy.train_epochs))
+        for group in strategy.optimizer.param_groups:
+            group["lr"] = lr
+
+    def before_update(self, strategy, **kwargs):
+        if self.clip is not None:
+            torch.nn.utils.clip_grad_norm_(strategy.model.parameters(), float(self.clip))
 
 
 def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[int] = None,
                   settings: Optional[dict] = None, plugins=None, device="cpu"):
-    """Avalanche's strategy for baseline ``name`` on ``stream`` (model initialised from ``seed``)."""
+    """Avalanche's strategy for baseline ``name`` on ``stream`` (model initialised from ``seed``), with
+    :func:`recipe`'s settings (``settings["mem_size"]`` sizes ``replay_bytes``'s buffer)."""
     from avalanche.training.supervised import (EWC, GDumb, Cumulative, JointTraining, LwF, Naive, Replay)
 
     check_baseline(name)
-    s = {**SETTINGS, **(settings or {})}
+    s = recipe(name, stream.name, settings)
     torch.manual_seed(int(seed))
     model = make_model(stream, s)
-    opt = torch.optim.SGD(model.parameters(), lr=s["lr"], momentum=s["momentum"])
-    if epochs is None:
-        epochs = EPOCHS.get(stream.name, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=s["lr"], momentum=s["momentum"], weight_decay=s["weight_decay"])
+    epochs = epochs_of(name, stream.name, epochs, settings)
+    extra = [TrainingRecipe(s["lr"], s["schedule"], s.get("min_lr", 0.0), s["clip"])] \
+        if s["schedule"] != "constant" or s["clip"] is not None else []
     common = dict(model=model, optimizer=opt, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=s["train_mb_size"],
                   train_epochs=int(epochs), eval_mb_size=s["eval_mb_size"], device=device, evaluator=evaluator,
-                  plugins=list(plugins or []))
-    m = _REPLAY.match(name)
-    if m:
-        return Replay(mem_size=int(m.group(1)), **common)
+                  plugins=list(plugins or []) + extra)
+    if _REPLAY.match(name) or name == "replay_bytes":
+        if "mem_size" not in s:
+            raise ValueError("replay_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
+                             "holds beside the model")
+        return Replay(mem_size=int(s["mem_size"]), **common)
     if name == "naive":
         return Naive(**common)
     if name == "ewc":
         return EWC(ewc_lambda=s["ewc_lambda"], mode=s["ewc_mode"], **common)
     if name == "lwf":
-        return LwF(alpha=lwf_alphas(stream.n_experiences), temperature=s["lwf_temperature"], **common)
+        alpha = lwf_alphas(stream.n_experiences) if s["lwf_alpha"] is None else float(s["lwf_alpha"])
+        return LwF(alpha=alpha, temperature=s["lwf_temperature"], **common)
     if name == "gdumb":
-        return GDumb(mem_size=s["gdumb_mem_size"], **common)
+        return GDumb(mem_size=int(s["mem_size"]), **common)
     if name == "cumulative":
         return Cumulative(**common)
     return JointTraining(**common)
 
 
+def train_kwargs(name: str, stream, settings: Optional[dict] = None) -> Dict[str, Any]:
+    """Keyword arguments for ``strategy.train(experience, **kw)``: the stream's, and the recipe's
+    ``drop_last``."""
+    return {**stream.train_kwargs, **({"drop_last": True} if recipe(name, stream.name, settings)["drop_last"] else {})}
+
+
+def epochs_of(name: str, stream_name: str, epochs: Optional[int] = None, settings: Optional[dict] = None) -> int:
+    """Epochs per experience: ``epochs`` if given, else the recipe's / tuned value, else :data:`EPOCHS`."""
+    if epochs is not None:
+        return int(epochs)
+    s = recipe(name, stream_name, settings)
+    return int(s.get("epochs") or EPOCHS.get(stream_name, 1))
+
+
 def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional[dict] = None) -> dict:
-    s = {**SETTINGS, **(settings or {})}
-    out = {"model": f"SimpleMLP({s['hidden_layers']} x {s['hidden_size']}, drop_rate={s['drop_rate']})"
-                    + (", a head per task" if stream.task_incremental else ""),
-           "optimizer": f"SGD(lr={s['lr']}, momentum={s['momentum']})", "train_mb_size": s["train_mb_size"],
-           "epochs": int(epochs if epochs is not None else EPOCHS.get(stream.name, 1))}
-    m = _REPLAY.match(name)
-    if m:
-        out["mem_size"] = int(m.group(1))
-    elif name == "ewc":
+    s = recipe(name, stream.name, settings)
+    model = (f"GDumbMLP({s['hidden_size']}, batch norm)" if s["model"] == "gdumb_mlp"
+             else f"SimpleMLP({s['hidden_layers']} x {s['hidden_size']}, drop_rate={s['drop_rate']})")
+    out = {"model": model + (", a head per task" if stream.task_incremental else ""),
+           "optimizer": f"SGD(lr={s['lr']}, momentum={s['momentum']}, weight_decay={s['weight_decay']})",
+           "schedule": s["schedule"], "clip": s["clip"], "train_mb_size": s["train_mb_size"],
+           "epochs": epochs_of(name, stream.name, epochs, settings)}
+    if "mem_size" in s and (name in ("gdumb", "replay_bytes") or _REPLAY.match(name)):
+        out["mem_size"] = int(s["mem_size"])
+    if name == "ewc":
         out.update(ewc_lambda=s["ewc_lambda"], ewc_mode=s["ewc_mode"])
     elif name == "lwf":
-        out.update(lwf_alpha=lwf_alphas(stream.n_experiences), lwf_temperature=s["lwf_temperature"])
-    elif name == "gdumb":
-        out["mem_size"] = s["gdumb_mem_size"]
+        out.update(lwf_alpha=lwf_alphas(stream.n_experiences) if s["lwf_alpha"] is None else s["lwf_alpha"],
+                   lwf_temperature=s["lwf_temperature"])
     return out
 
 

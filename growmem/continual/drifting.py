@@ -96,8 +96,10 @@ class DriftingTeacher:
         return self.logits(x, *theta).argmax(-1).astype(np.int64)
 
     # ------------------------------------------------------------------ samples
-    def experience(self, e: int):
-        """``(x_train, y_train, x_test, y_test)`` of experience ``e`` (train in time order)."""
+    def experience(self, e: int, split: str = "test"):
+        """``(x_train, y_train, x_eval, y_eval)`` of experience ``e`` (train in time order). The
+        evaluation samples are labelled by ``θ_end(e)``; ``split="validation"`` draws them from a random
+        stream of their own (same teacher, never the test samples)."""
         start, end = self.teachers()[e]
         rng = np.random.default_rng([self.seed, 2, e])
         n = self.samples_per_experience
@@ -109,20 +111,24 @@ class DriftingTeacher:
             w1 = (1 - tt) * start[0][None] + tt * end[0][None]
             w2 = (1 - tt) * start[1][None] + tt * end[1][None]
             y[lo:lo + 512] = self.logits(x[lo:lo + 512].astype(np.float64), w1, w2).argmax(-1)
+        if split == "validation":
+            rng = np.random.default_rng([self.seed, 3, e])
+        elif split != "test":
+            raise ValueError(f"split must be 'test' or 'validation', got {split!r}")
         xt = rng.standard_normal((self.test_samples, self.d)).astype(np.float32)
         yt = self.label(xt.astype(np.float64), end)
         return x, y, xt, yt
 
-    def arrays(self):
-        """``(train, test)``: lists of ``(x, y)`` numpy pairs, one per experience."""
+    def arrays(self, split: str = "test"):
+        """``(train, eval)``: lists of ``(x, y)`` numpy pairs, one per experience."""
         train, test = [], []
         for e in range(self.n_experiences):
-            x, y, xt, yt = self.experience(e)
+            x, y, xt, yt = self.experience(e, split)
             train.append((x, y))
             test.append((xt, yt))
         return train, test
 
-    def benchmark(self):
+    def benchmark(self, split: str = "test"):
         """The stream as an Avalanche benchmark (``tensors_benchmark``; task label 0 throughout)."""
         from .errors import require_avalanche
 
@@ -130,6 +136,6 @@ class DriftingTeacher:
         import torch
         from avalanche.benchmarks import tensors_benchmark
 
-        train, test = self.arrays()
+        train, test = self.arrays(split)
         as_t = lambda pairs: [[torch.from_numpy(x), torch.from_numpy(y)] for x, y in pairs]
         return tensors_benchmark(as_t(train), as_t(test), task_labels=[0] * self.n_experiences)

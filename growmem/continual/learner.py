@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -33,12 +33,70 @@ from .errors import InputShapeError, UnknownNameError
 DEFAULT_PRESET = "continual_growmem"
 
 
+#: the order-free models (``growmem.order_free``) by method family, and their key sets: ``dct`` is the
+#: ``target_dct`` preset's key space (the keys the target memory uses), ``raw`` the pixels themselves
+ORDER_FREE_MODELS = {"knn": "KNN", "ncm": "NCM", "slda": "SLDA"}
+ORDER_FREE_KEYS = ("dct", "raw")
+#: batch size of the order-free models (they see each sample once; the batch only paces the loop)
+ORDER_FREE_BATCH = 256
+#: raw-pixel kNN stores the pixels as a user would, one byte each: the stream's inputs are the MNIST family's
+#: 8-bit images after Avalanche's Normalize((0.1307,), (0.3081,)) (an input off that grid is an error)
+ORDER_FREE_DEFAULTS = {("knn", "raw"): {"row_dtype": "uint8", "normalize": (0.1307, 0.3081)}}
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderFreePreset:
+    """An order-free baseline (``knn:dct``, ``ncm:raw``, ...): a model of :mod:`growmem.order_free` over a
+    key set, with its hyperparameters ``params`` (e.g. ``(("k", 3),)``). Built per task like a target
+    memory (:meth:`memory`)."""
+
+    family: str
+    keys: str
+    params: Tuple[Tuple[str, Any], ...] = ()
+
+    kind = "order_free"
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}:{self.keys}"
+
+    @property
+    def path(self) -> str:
+        return self.name
+
+    @property
+    def description(self) -> str:
+        return f"growmem.order_free.{ORDER_FREE_MODELS[self.family]} on {self.keys} keys {dict(self.params)}"
+
+    @property
+    def settings(self) -> dict:
+        return {"batch_size": ORDER_FREE_BATCH, "epochs": 1.0, "seed": 0}
+
+    def key_space(self, d_in: int):
+        from growmem import config, keyspaces
+
+        if self.keys == "dct":
+            return config.load("target_dct").key_space(d_in)
+        return keyspaces.make("identity", d_in, normalise=False)
+
+    def memory(self, d_in: int, d_out: int, *, budget_bytes: Optional[int] = None, seed: Optional[int] = None):
+        from growmem import order_free
+
+        cls = getattr(order_free, ORDER_FREE_MODELS[self.family])
+        params = {**ORDER_FREE_DEFAULTS.get((self.family, self.keys), {}), **dict(self.params)}
+        return cls(self.key_space(d_in), d_out, budget_bytes=budget_bytes, seed=0 if seed is None else int(seed),
+                   **params)
+
+
 @dataclasses.dataclass(frozen=True)
 class GrowmemConfig:
-    """A growmem recipe: a preset (name in ``policies/`` or a TOML path) plus overrides.
+    """A growmem recipe: a preset (name in ``policies/`` or a TOML path, or an order-free model such as
+    ``knn:dct``) plus overrides.
 
     ``n_blocks``, ``batch_size``, ``epochs`` override the preset's; ``max_rows`` appends a
-    ``capacity(max_rows, on_full)`` policy to every layer (a budget does this too).
+    ``capacity(max_rows, on_full)`` policy to every layer (a budget does this too); ``overrides``:
+    ``(("section.key", value), ...)`` applied to the preset file before it is validated
+    (:func:`growmem.config.apply_overrides`), or an order-free model's hyperparameters.
     """
 
     preset: str = DEFAULT_PRESET
@@ -47,13 +105,21 @@ class GrowmemConfig:
     epochs: Optional[int] = None
     max_rows: Optional[int] = None
     on_full: str = "evict_oldest"
+    overrides: Tuple[Tuple[str, Any], ...] = ()
 
     def load(self):
-        """The preset with the overrides applied (a ``growmem.config.Preset``)."""
+        """The preset with the overrides applied (a ``growmem.config.Preset``, ``TargetPreset`` or an
+        :class:`OrderFreePreset`)."""
         from growmem import config
 
+        family, _, keys = str(self.preset).partition(":")
+        if family in ORDER_FREE_MODELS:
+            if keys not in ORDER_FREE_KEYS or any(v is not None for v in (self.n_blocks, self.max_rows)):
+                raise ValueError(f"{self.preset}: an order-free model takes keys {ORDER_FREE_KEYS} and no n_blocks / "
+                                 f"max_rows (bound it with a memory budget)")
+            return OrderFreePreset(family, keys, tuple(sorted(self.overrides)))
         try:
-            preset = config.load(self.preset)
+            preset = config.load(self.preset, dict(self.overrides))
         except config.UnknownPresetError:
             names = [n for n, _, _ in config.available()]
             raise UnknownNameError(f"unknown growmem preset {self.preset!r}; valid presets: {', '.join(names)} "
@@ -92,31 +158,36 @@ class GrowmemConfig:
         return Path(self.preset).stem
 
     def describe(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        out = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        out["overrides"] = {k: v for k, v in self.overrides}
+        return out
 
 
 def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
-    """``preset`` whose every layer also holds at most ``max_rows`` rows (capacity policy last
-    in the chain), with an initial capacity that never needs to grow past the cap."""
+    """``preset`` whose every layer also holds at most ``max_rows`` rows, with an initial capacity that
+    never needs to grow past the cap: the preset's own ``capacity`` policy gets ``max_rows`` (its
+    ``on_full`` kept), or one is appended last in the chain with ``on_full``."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
-    cap = ("capacity", (("max_rows", int(max_rows)), ("on_full", on_full)))
+    entries = list(preset.policy_entries)
+    own = [i for i, (name, _) in enumerate(entries) if name == "capacity"]
+    if own:
+        params = dict(entries[own[-1]][1], max_rows=int(max_rows))
+        entries[own[-1]] = ("capacity", tuple(sorted(params.items())))
+    else:
+        entries.append(("capacity", (("max_rows", int(max_rows)), ("on_full", on_full))))
     batch = int(preset.settings["batch_size"])
-    return dataclasses.replace(preset, policy_entries=tuple(preset.policy_entries) + (cap,),
-                               capacity=max_rows + batch)
+    return dataclasses.replace(preset, policy_entries=tuple(entries), capacity=max_rows + batch)
 
 
 def bytes_per_row(preset, d_in: int, d_out: int) -> int:
-    """Row bytes summed over the layers of the preset's model (``n_blocks`` blocks + readout), at
-    their stored dtypes; a hybrid layer's row also carries its optimizer moments (two float32
-    values per trained value w, k, ṽ: Adam)."""
+    """Row bytes (w, k, ṽ, born at their stored dtypes) summed over the layers of the preset's model
+    (``n_blocks`` blocks + readout); per-row policy state (a hybrid layer's optimizer moments, labels) is
+    measured on a model by :meth:`GrowmemLearner._other_bytes`."""
     from growmem.memory import row_bytes
 
-    def layer(spec, d_o, hybrid):
-        b = row_bytes(d_in, d_o, spec.row_dtype)
-        return b + (2 * 4 * (1 + d_in + d_o) if hybrid else 0)
-    return (preset.n_blocks * layer(preset.block, d_in, "block" in preset.hybrid_layers)
-            + layer(preset.readout, d_out, "readout" in preset.hybrid_layers))
+    return preset.n_blocks * row_bytes(d_in, d_in, preset.block.row_dtype) + \
+        row_bytes(d_in, d_out, preset.readout.row_dtype)
 
 
 class GrowmemLearner:
@@ -138,14 +209,17 @@ class GrowmemLearner:
         self.num_classes = int(num_classes)
         self.input_size = None if input_size is None else int(input_size)
         self.input_shape = None
-        self.is_target = getattr(self.preset, "kind", None) == "target"
+        #: the per-task models are memories with observe/predict/state (a target memory or an order-free
+        #: model), not Trainers
+        self.is_target = getattr(self.preset, "kind", None) in ("target", "order_free")
         if budget_bytes is None and self.is_target:
-            budget_bytes = self.preset.budget_bytes        # the preset's own budget, if it has one
+            budget_bytes = getattr(self.preset, "budget_bytes", None)   # the preset's own budget, if it has one
         self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
         self.n_tasks = max(1, int(n_tasks))
         self.seed = int(seed)
         self.trainers: Dict[str, Any] = {}
         self.max_rows: Optional[int] = None
+        self._space = None   # a network preset's [inputs] key space (built with the first model)
 
     # ------------------------------------------------------------------ settings
     @property
@@ -211,7 +285,10 @@ class GrowmemLearner:
         from growmem.memory import ROW_QUANTUM
 
         per_task = self.budget_bytes // self.n_tasks
-        per_row = bytes_per_row(self.preset, d_in, self.num_classes)
+        # the model's other state (parameters, optimizer, policy states) does not depend on max_rows: measure
+        # it once on a model with the cap, with the per-row policy state (e.g. labels) a row adds
+        other, state_per_row = self._other_bytes(with_row_cap(self.preset, 1, self.config.on_full), d_in)
+        per_row = bytes_per_row(self.preset, d_in, self.num_classes) + state_per_row
 
         def rows_for(other: int) -> int:
             r = (per_task - other) // per_row
@@ -222,20 +299,26 @@ class GrowmemLearner:
             c = (r // ROW_QUANTUM) * ROW_QUANTUM
             return c - self.batch_size if c - self.batch_size >= 1 else r
 
-        # the model's other state (parameters, optimizer, policy states) does not depend on max_rows:
-        # measure it once on a model with the cap
-        other = self._other_bytes(with_row_cap(self.preset, 1, self.config.on_full), d_in)
         max_rows = rows_for(other)
         self.max_rows = int(max_rows)
         return with_row_cap(self.preset, max_rows, self.config.on_full)
 
-    def _other_bytes(self, preset, d_in: int) -> int:
+    def _other_bytes(self, preset, d_in: int):
+        """``(bytes besides the rows, bytes of per-row policy state per row summed over the layers)`` of a
+        model of ``preset``."""
+        from growmem import policies
         from .memory_bytes import growmem_bytes
         import jax
 
         t = preset.trainer(np.zeros((1, d_in), np.float32), self.num_classes, rng=jax.random.key(0))
         b = growmem_bytes({"probe": t})
-        return b["bytes_in_use"] - b["rows_in_use_bytes"]
+        per_row = 0
+        for mem in t.memories().values():
+            if mem.policy is not None:
+                leaves = policies.row_state_leaves(jax.eval_shape(mem.policy.init, mem), mem.capacity)
+                per_row += sum(int(np.prod(a.shape[1:], dtype=np.int64)) * np.dtype(a.dtype).itemsize
+                               for a in leaves)
+        return b["bytes_in_use"] - b["rows_in_use_bytes"] - b["hybrid_in_use_bytes"], per_row
 
     def trainer_for(self, task: int, d_in: Optional[int] = None):
         """The model of ``task`` (built on first use)."""
@@ -249,10 +332,20 @@ class GrowmemLearner:
                 self.trainers[key] = self.preset.memory(d_in, self.num_classes, budget_bytes=per_task,
                                                         seed=self.seed * 1000 + int(task))
                 return self.trainers[key]
-            preset = self._cap_preset(d_in)
+            d_feat = self._features(np.zeros((1, d_in), np.float32)).shape[1]
+            preset = self._cap_preset(d_feat)
             rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
-            self.trainers[key] = preset.trainer(np.zeros((1, d_in), np.float32), self.num_classes, rng=rng)
+            self.trainers[key] = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
         return self.trainers[key]
+
+    def _features(self, x: np.ndarray):
+        """What a network preset's Trainer reads for inputs ``x``: its ``[inputs]`` key space's features
+        (:meth:`growmem.config.Preset.features`), or ``x``."""
+        if self.is_target:
+            return x
+        if self._space is None and self.preset.inputs:
+            self._space = self.preset.input_space(x.shape[1])
+        return x if self._space is None else np.asarray(self.preset.features(self._space, x))
 
     # ------------------------------------------------------------------ train / predict
     def step(self, x, y, t=None) -> dict:
@@ -265,7 +358,8 @@ class GrowmemLearner:
             idx = np.flatnonzero(tasks == task)
             tr = self.trainer_for(int(task), x.shape[1])
             sel = slice(None) if len(idx) == len(x) else idx
-            out[self.task_key(task)] = tr.observe(x[sel], y[sel]) if self.is_target else tr.step(x[sel], y[sel])
+            out[self.task_key(task)] = tr.observe(x[sel], y[sel]) if self.is_target else \
+                tr.step(self._features(x[sel]), y[sel])
         return out
 
     def predict(self, x, t=None, batch_size: int = 1024) -> np.ndarray:
@@ -279,7 +373,8 @@ class GrowmemLearner:
                 continue
             idx = np.flatnonzero(tasks == task)
             sel = slice(None) if len(idx) == len(x) else idx
-            out[sel] = np.asarray(self.trainers[key].predict(x[sel], batch_size=batch_size), np.float32)
+            out[sel] = np.asarray(self.trainers[key].predict(self._features(x[sel]), batch_size=batch_size),
+                                  np.float32)
         return out
 
     def rows_in_use(self) -> Dict[str, int]:
@@ -289,7 +384,14 @@ class GrowmemLearner:
 
     def memory_bytes(self) -> dict:
         from .memory_bytes import growmem_bytes, target_bytes
-        return target_bytes(self.trainers) if self.is_target else growmem_bytes(self.trainers)
+        if self.is_target:
+            return target_bytes(self.trainers)
+        out = growmem_bytes(self.trainers)
+        if self._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
+            extra = int(self._space.nbytes())
+            out.update(other_bytes=out["other_bytes"] + extra, bytes_in_use=out["bytes_in_use"] + extra,
+                       bytes_allocated=out["bytes_allocated"] + extra)
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:

@@ -11,15 +11,16 @@ allocated split), the frozen variables and every memory's two scalars (``size``,
 **PyTorch strategies** (:func:`torch_strategy_bytes`): the model's parameters and buffers, the
 optimizer state (SGD momentum buffers), and what each continual-learning method stores:
 
-* replay (``ReplayPlugin``) and GDumb (``GDumbPlugin``): the samples in the buffer, each at the
-  bytes of the tensors its dataset yields (inputs as float32 tensors, the class and task
-  labels as int64 — the dtypes the data loader hands the model), plus GDumb's copy of the
-  initial model;
+* replay (``ReplayPlugin``) and GDumb (``GDumbPlugin``): the samples in the buffer, each counted as a
+  user would store it (:func:`stored_sample_bytes`: with ``replay_dtype="uint8"``, the default, an
+  8-bit image as its uint8 pixels and the class — and task — label as one byte each; with
+  ``"float32"``, the tensors the data loader yields: float32 inputs, int64 labels), plus GDumb's copy
+  of the initial model;
 * EWC (``EWCPlugin``): the saved parameters and the importances (Fisher diagonals) of every
   experience kept;
 * LwF (``LwFPlugin``): the previous model (parameters and buffers);
 * Cumulative: every sample of every experience seen (its cumulative dataset);
-* Joint: every sample of the stream.
+* Joint: every sample of the stream (both at the same bytes per sample as replay).
 
 Buffers hold indices into the stream's datasets in Avalanche, but a learner deployed on a stream
 must keep the samples themselves, so they are counted as samples. For the PyTorch strategies
@@ -27,7 +28,7 @@ must keep the samples themselves, so they are counted as samples. For the PyTorc
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -165,8 +166,33 @@ def _param_data_bytes(d) -> int:
     return total
 
 
-def torch_strategy_bytes(strategy) -> Dict[str, int]:
-    """Bytes of an Avalanche PyTorch strategy; see the module docstring."""
+REPLAY_DTYPES = ("uint8", "float32")
+
+
+def stored_sample_bytes(n_features: int, n_classes: int, *, uint8_inputs: bool, task_labels: bool = False,
+                        replay_dtype: str = "uint8") -> Optional[int]:
+    """Bytes of one stored sample as a user keeps it: ``replay_dtype="uint8"`` — the input at one byte a
+    feature when the stream's inputs are 8-bit images (``uint8_inputs``; else at float32, the smallest
+    lossless type), the class label in the smallest unsigned type that holds ``n_classes``, and the task
+    label in one byte on a task-incremental stream. ``"float32"``: None, meaning the tensors the
+    dataset yields (:func:`dataset_bytes`)."""
+    if replay_dtype not in REPLAY_DTYPES:
+        raise ValueError(f"replay_dtype must be one of {', '.join(REPLAY_DTYPES)}, got {replay_dtype!r}")
+    if replay_dtype == "float32":
+        return None
+    label = 1 if n_classes <= 1 << 8 else 2 if n_classes <= 1 << 16 else 4
+    return int(n_features) * (1 if uint8_inputs else 4) + label + (1 if task_labels else 0)
+
+
+def _samples_bytes(dataset, sample_bytes: Optional[int]) -> int:
+    if dataset is None or len(dataset) == 0:
+        return 0
+    return len(dataset) * sample_bytes if sample_bytes is not None else dataset_bytes(dataset)
+
+
+def torch_strategy_bytes(strategy, sample_bytes: Optional[int] = None) -> Dict[str, int]:
+    """Bytes of an Avalanche PyTorch strategy; see the module docstring. ``sample_bytes``: the bytes of
+    one stored sample (:func:`stored_sample_bytes`; None: as the dataset yields it)."""
     from avalanche.training.plugins import EWCPlugin, GDumbPlugin, LwFPlugin, ReplayPlugin
 
     parts = {"params_bytes": module_bytes(strategy.model), "optimizer_bytes": optimizer_bytes(
@@ -174,7 +200,7 @@ def torch_strategy_bytes(strategy) -> Dict[str, int]:
     for p in strategy.plugins:
         if isinstance(p, (ReplayPlugin, GDumbPlugin)):
             buf = p.storage_policy.buffer
-            parts["buffer_bytes"] += dataset_bytes(buf)
+            parts["buffer_bytes"] += _samples_bytes(buf, sample_bytes)
             parts["buffer_samples"] += len(buf)
             if isinstance(p, GDumbPlugin) and p.init_model is not None:
                 parts["regularizer_bytes"] += module_bytes(p.init_model)
@@ -188,19 +214,19 @@ def torch_strategy_bytes(strategy) -> Dict[str, int]:
 
     if isinstance(strategy, Cumulative):
         ds = getattr(strategy, "dataset", None)
-        parts["buffer_bytes"] += dataset_bytes(ds)
+        parts["buffer_bytes"] += _samples_bytes(ds, sample_bytes)
         parts["buffer_samples"] += 0 if ds is None else len(ds)
     elif isinstance(strategy, JointTraining):
         for exp in getattr(strategy, "_experiences", []) or []:
-            parts["buffer_bytes"] += dataset_bytes(exp.dataset)
+            parts["buffer_bytes"] += _samples_bytes(exp.dataset, sample_bytes)
             parts["buffer_samples"] += len(exp.dataset)
     total = parts["params_bytes"] + parts["optimizer_bytes"] + parts["buffer_bytes"] + parts["regularizer_bytes"]
     return {**parts, "bytes_in_use": total, "bytes_allocated": total}
 
 
-def strategy_bytes(strategy) -> Dict[str, int]:
+def strategy_bytes(strategy, sample_bytes: Optional[int] = None) -> Dict[str, int]:
     """Bytes of a growmem strategy (its learner) or of any Avalanche PyTorch strategy."""
     learner = getattr(strategy, "learner", None)
     if learner is not None:
         return learner.memory_bytes()
-    return torch_strategy_bytes(strategy)
+    return torch_strategy_bytes(strategy, sample_bytes)

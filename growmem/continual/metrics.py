@@ -21,6 +21,7 @@ From the values it logs after each evaluation the runner builds the **accuracy m
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -150,15 +151,19 @@ def epoch_accuracies(evaluator) -> list:
     return [m._metric for m in getattr(evaluator, "metrics", []) if isinstance(m, EpochAccuracy)]
 
 
-def default_metrics(memory_every: Optional[int] = None) -> list:
+def default_metrics(memory_every: Optional[int] = None, sample_bytes: Optional[int] = None) -> list:
     """Avalanche's accuracy (epoch, experience, stream), forgetting and BWT (experience, stream),
-    timing (epoch, experience), and :class:`MemoryBytesMetric`."""
+    timing (epoch, experience), and :class:`MemoryBytesMetric` (stored samples counted at
+    ``sample_bytes`` each, see :func:`growmem.continual.memory_bytes.stored_sample_bytes`)."""
+    counter = strategy_bytes if sample_bytes is None else functools.partial(strategy_bytes,
+                                                                            sample_bytes=int(sample_bytes))
     return [accuracy_metrics(epoch=True, experience=True, stream=True),
             forgetting_metrics(experience=True, stream=True), bwt_metrics(experience=True, stream=True),
-            timing_metrics(epoch=True, experience=True), MemoryBytesMetric(every=memory_every)]
+            timing_metrics(epoch=True, experience=True), MemoryBytesMetric(every=memory_every, counter=counter)]
 
 
-def make_evaluator(loggers: Optional[Sequence] = None, memory_every: Optional[int] = None) -> EvaluationPlugin:
+def make_evaluator(loggers: Optional[Sequence] = None, memory_every: Optional[int] = None,
+                   sample_bytes: Optional[int] = None) -> EvaluationPlugin:
     """An ``EvaluationPlugin`` with :func:`default_metrics` and ``loggers`` (none by default:
     the runner reads the values from the plugin)."""
     import warnings
@@ -166,7 +171,7 @@ def make_evaluator(loggers: Optional[Sequence] = None, memory_every: Optional[in
     with warnings.catch_warnings():
         if not loggers:
             warnings.filterwarnings("ignore", message="No loggers specified")
-        return EvaluationPlugin(*default_metrics(memory_every), loggers=list(loggers or []))
+        return EvaluationPlugin(*default_metrics(memory_every, sample_bytes), loggers=list(loggers or []))
 
 
 def memory_metric(evaluator: EvaluationPlugin) -> Optional[MemoryBytesMetric]:

@@ -7,14 +7,17 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from growmem.reporting import compare, mean_std
+
 #: summary keys aggregated over seeds (mean and std)
 SUMMARY_KEYS = ("acc_mean_over_experiences", "acc_stream_weighted", "forgetting", "bwt", "acc_current_mean",
                 "prequential_acc_mean", "bytes_in_use_peak", "bytes_in_use_final", "bytes_allocated_peak",
-                "bytes_allocated_final", "train_seconds", "eval_seconds")
+                "bytes_allocated_final", "train_seconds", "eval_seconds", "wall_seconds")
 
 
 def aggregate(runs: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
-    """``{method: {key: {"mean", "std", "values"}}}`` over the seeds of each method."""
+    """``{method: {key: {"mean", "std", "n", "values"}}}`` over the seeds of each method (``std``: the sample
+    standard deviation, ``n == 1``: one seed, no spread measured)."""
     out: Dict[str, Dict[str, dict]] = {}
     for method in dict.fromkeys(r["method"] for r in runs):
         rs = [r for r in runs if r["method"] == method]
@@ -23,13 +26,20 @@ def aggregate(runs: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
             vals = [r["summary"].get(key) for r in rs]
             vals = [float(v) for v in vals if v is not None and math.isfinite(float(v))]
             if vals:
-                agg[key] = {"mean": float(np.mean(vals)), "std": float(np.std(vals)), "values": vals}
+                agg[key] = mean_std(vals)
         within = [r["summary"].get("within_budget") for r in rs]
         if any(w is not None for w in within):
             agg["within_budget"] = all(bool(w) for w in within if w is not None)
         agg["seeds"] = [r["seed"] for r in rs]
         out[method] = agg
     return out
+
+
+def verdicts(summary: Dict[str, dict], reference: str, key: str = "acc_mean_over_experiences") -> Dict[str, str]:
+    """``{method: "better" | "worse" | "tie" | "untested"}`` of each method against ``reference`` on ``key``
+    (:func:`growmem.reporting.compare`: beyond 2 standard errors of the difference, else a tie)."""
+    ref = summary[reference][key]["values"]
+    return {m: compare(agg[key]["values"], ref) for m, agg in summary.items() if m != reference and key in agg}
 
 
 def _fmt(agg: dict, key: str, scale: float = 1.0, digits: int = 3, unit: str = "") -> str:
@@ -57,14 +67,14 @@ def table(summary: Dict[str, dict], drift: bool = False) -> str:
     if drift:
         cols += [("acc_current", "acc_current_mean"), ("prequential", "prequential_acc_mean")]
     cols += [("bytes_in_use_peak", "bytes_in_use_peak"), ("bytes_alloc_peak", "bytes_allocated_peak"),
-             ("train_s", "train_seconds")]
+             ("wall_s", "wall_seconds")]
     rows = []
     for method, agg in summary.items():
         row = [method]
         for _, key in cols[1:]:
             if key.startswith("bytes"):
                 row.append(format_bytes(agg[key]["mean"]) if key in agg else "-")
-            elif key == "train_seconds":
+            elif key == "wall_seconds":
                 row.append(_fmt(agg, key, digits=1))
             else:
                 row.append(_fmt(agg, key))

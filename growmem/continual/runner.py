@@ -45,21 +45,18 @@ from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
 
 from . import baselines as B  # noqa: E402
 from .fast import FastLoop  # noqa: E402
-from .learner import DEFAULT_PRESET, GrowmemConfig, GrowmemLearner  # noqa: E402
+from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
+from .memory_bytes import module_bytes, stored_sample_bytes  # noqa: E402
+from .methods import GROWMEM, Method, resolve_all, valid_methods  # noqa: E402,F401
 from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
                       memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
-from .streams import STREAMS, Stream, make_stream  # noqa: E402
+from .streams import MNIST_FAMILY, STREAMS, Stream, make_stream  # noqa: E402
 from .strategy import GrowmemStrategy  # noqa: E402
 
-GROWMEM = "growmem"
-#: growmem variants run by default on the drifting stream: no forgetting / weight decay / a window
+#: growmem methods run by default on the drifting stream: no forgetting / weight decay / a window
 DRIFT_GROWMEM = ("growmem", "growmem:continual_decay", "growmem:continual_window")
 DEFAULT_BASELINES = ("naive", "replay_1000")
-#: growmem's default preset per stream (else DEFAULT_PRESET): target memories on image streams —
-#: fixed DCT keys where classes arrive over time, novelty-opened subspaces where inputs change
-STREAM_PRESETS = {"split_mnist": "target_dct",
-                  "permuted_mnist": "target_subspaces", "rotated_mnist": "target_subspaces"}
 LOOPS = ("fast", "template")
 RESULT_FILE = "result.json"
 RUN_FILE = "run.json"
@@ -67,42 +64,23 @@ RUN_FILE = "run.json"
 
 # ----------------------------------------------------------------------------- methods
 
-def is_growmem(method: str) -> bool:
-    return method == GROWMEM or method.startswith(GROWMEM + ":")
-
-
-def growmem_config(method: str, base: GrowmemConfig) -> GrowmemConfig:
-    """The config of ``growmem`` (``base``) or ``growmem:<preset>`` (``base`` with that preset)."""
-    if method == GROWMEM:
-        return base
-    return dataclasses.replace(base, preset=method.split(":", 1)[1])
-
-
-def valid_methods() -> List[str]:
-    return [GROWMEM, "growmem:<preset>", *B.BASELINES, "replay_<N>"]
-
-
-def check_methods(methods: Sequence[str], base: GrowmemConfig) -> List[str]:
-    out = []
-    for m in methods:
-        m = str(m).strip()
-        if not m:
-            continue
-        if is_growmem(m):
-            growmem_config(m, base).load()  # an unknown preset fails here, listing the valid ones
-        elif not B.is_baseline(m):
-            raise unknown("method", m, valid_methods())
-        if m in out:
-            raise ValueError(f"method {m!r} is listed twice")
-        out.append(m)
-    if not out:
-        raise ValueError(f"no methods to run; choose from {', '.join(valid_methods())}")
-    return out
-
-
 def default_methods(stream_name: str) -> List[str]:
     gm = list(DRIFT_GROWMEM) if stream_name == "drifting_teacher" else [GROWMEM]
     return gm + list(DEFAULT_BASELINES)
+
+
+def learner_config(method: Method, base: Optional[GrowmemConfig], settings: Optional[dict]) -> GrowmemConfig:
+    """The :class:`GrowmemConfig` of a learner method: ``base`` for ``growmem`` itself (when given), else
+    the method's preset; ``settings``: ``{"overrides": {"section.key": value}}`` (preset values, or an
+    order-free model's hyperparameters) and any :class:`GrowmemConfig` field."""
+    cfg = base if (base is not None and method.alias == GROWMEM) else GrowmemConfig(preset=method.preset)
+    settings = dict(settings or {})
+    over = {**dict(cfg.overrides), **settings.pop("overrides", {})}
+    bad = set(settings) - {f.name for f in dataclasses.fields(GrowmemConfig)} - {"preset"}
+    if bad:
+        raise ValueError(f"{method.name}: unknown settings {sorted(bad)}; a growmem method takes 'overrides' "
+                         f"and {[f.name for f in dataclasses.fields(GrowmemConfig) if f.name != 'preset']}")
+    return dataclasses.replace(cfg, overrides=tuple(sorted(over.items())), **settings)
 
 
 def _safe(name: str) -> str:
@@ -130,26 +108,35 @@ def _diff(saved, now, prefix="") -> List[str]:
     return [] if saved == now else [f"{prefix.rstrip('.')}: saved {saved!r}, now {now!r}"]
 
 
-def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool) -> Optional[Path]:
-    if checkpoint_dir is None:
-        if resume:
-            raise ValueError("resume=True needs a checkpoint_dir (--checkpoint-dir DIR)")
-        return None
-    root = Path(checkpoint_dir)
-    run_file = root / RUN_FILE
-    if run_file.exists():
-        saved = json.loads(run_file.read_text()).get("config", {})
-        if not resume:
-            raise ValueError(f"{root} already holds a continual run; pass resume=True (--resume) to continue it, or "
-                             f"use another checkpoint directory")
-        diffs = _diff(saved, _jsonable(config))
-        if diffs:
-            raise ValueError(f"{root} holds a run with a different configuration; it cannot be resumed with this "
-                             f"one: " + "; ".join(diffs))
-    else:
-        root.mkdir(parents=True, exist_ok=True)
-        _write_json(run_file, {"config": config})
-    return root
+def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool, out=None):
+    """``(root or None, folders)``: the checkpoint folder (its ``run.json`` checked against
+    ``config`` on a resume, written on a new run) and :class:`growmem.locks.RunFolders` holding it
+    and ``out`` for this run — a folder another command wrote, a resume with nothing to resume,
+    or another run writing into either at the same time is refused; ``folders.close()`` releases
+    them."""
+    from growmem.locks import RunFolders
+
+    if checkpoint_dir is None and resume:
+        raise ValueError("resume=True needs a checkpoint_dir (--checkpoint-dir DIR)")
+    root = None if checkpoint_dir is None else Path(checkpoint_dir)
+    run_file = None if root is None else root / RUN_FILE
+    if run_file is not None and run_file.exists() and not resume:
+        raise ValueError(f"{root} already holds a continual run; pass resume=True (--resume) to continue it, or "
+                         f"use another checkpoint directory")
+    folders = RunFolders("continual", root, resume=resume, out=out)
+    try:
+        if run_file is not None and run_file.exists():
+            diffs = _diff(json.loads(run_file.read_text()).get("config", {}), _jsonable(config))
+            if diffs:
+                raise ValueError(f"{root} holds a run with a different configuration; it cannot be resumed with "
+                                 f"this one: " + "; ".join(diffs))
+        elif run_file is not None:
+            _write_json(run_file, {"config": config})
+            folders.checkpoints.own(RUN_FILE)   # a run that fails before it saved anything leaves no run.json
+    except BaseException:
+        folders.close(failed=True)
+        raise
+    return root, folders
 
 
 # ----------------------------------------------------------------------------- progress
@@ -213,17 +200,19 @@ def _record(results: dict, metrics: dict, n_exp: int, bytes_rec: dict, train_s: 
     results["prequential_acc"].append(pre[-1] if pre else None)
 
 
-def _finish(results: dict, *, stream: Stream, method: str, seed: int, kind: str, config: dict, budget,
+def _finish(results: dict, *, stream: Stream, method: Method, seed: int, config: dict, budget,
             square: bool = True, resumed: bool = False) -> dict:
     s = summarize(results["accuracy_matrix"], results["acc_stream_weighted_after"][-1], square=square)
     b = results["bytes"]
     s.update(bytes_in_use_peak=max(r["peak_in_use"] for r in b), bytes_in_use_final=b[-1]["final_in_use"],
              bytes_allocated_peak=max(r["peak_allocated"] for r in b), bytes_allocated_final=b[-1]["final_allocated"],
              train_seconds=float(sum(results["train_seconds"])), eval_seconds=float(sum(results["eval_seconds"])))
+    s["wall_seconds"] = s["train_seconds"] + s["eval_seconds"]
     pre = [p for p in results["prequential_acc"] if p is not None]
     s["prequential_acc_mean"] = float(np.mean(pre)) if pre else None
     s["within_budget"] = None if budget is None else bool(s["bytes_in_use_peak"] <= budget)
-    return {"stream": stream.name, "method": method, "seed": seed, "kind": kind, "config": config,
+    return {"stream": stream.name, "method": method.name, "description": method.description, "alias": method.alias,
+            "family": method.family, "seed": seed, "kind": method.kind, "config": config,
             "n_experiences": stream.n_experiences, **results, "summary": s, "resumed": resumed}
 
 
@@ -238,7 +227,7 @@ def _elapsed(t) -> float:
     return float(t.result())
 
 
-def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
+def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
                  loop: str, checkpoint_every: int, eval_mb_size: int, progress: bool, loggers, on_batch,
                  prequential: bool) -> dict:
     from growmem.checkpoint import Checkpointer
@@ -282,7 +271,7 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
         here = pos if (pos is not None and not pos["done"] and pos["exp"] == e) else None
         nb = -(-len(exp.dataset) // learner.batch_size)
         done = 0 if here is None else here["epoch"] * nb + here["batch"]
-        bar = _bar(f"{method} seed {seed} exp {e + 1}/{n_exp}", nb * n_epochs, done, progress)
+        bar = _bar(f"{method.name} seed {seed} exp {e + 1}/{n_exp}", nb * n_epochs, done, progress)
         since = [0]
 
         def after_batch(p, current_bytes, current_acc):
@@ -295,7 +284,8 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
                 save({"exp": e, "epoch": p["epoch"], "batch": p["batch"], "done": False}, current_bytes(),
                      None if acc is None else accuracy_state(acc))
             if on_batch is not None:
-                on_batch({"method": method, "seed": seed, "experience": e, "epoch": p["epoch"], "batch": p["batch"]})
+                on_batch({"method": method.name, "seed": seed, "experience": e, "epoch": p["epoch"],
+                          "batch": p["batch"]})
 
         t = _timer()
         if loop == "fast":
@@ -328,17 +318,41 @@ def _run_growmem(stream: Stream, method: str, cfg: GrowmemConfig, seed: int, *, 
     if ck is not None:
         ck.close()
     config.update(learner=learner.describe())
-    return _finish(results, stream=stream, method=method, seed=seed, kind="growmem", config=config, budget=budget,
-                   resumed=resumed)
+    return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget, resumed=resumed)
 
 
-def _run_baseline(stream: Stream, method: str, seed: int, *, budget, epochs, run_dir, resume, settings,
-                  progress: bool, loggers, on_batch) -> dict:
+def sample_bytes_of(stream: Stream, replay_dtype: str) -> Optional[int]:
+    """Bytes of one stored training sample of ``stream`` (``memory_bytes.stored_sample_bytes``): the MNIST
+    family and the CIFAR streams hold 8-bit images."""
+    uint8 = stream.name in MNIST_FAMILY or stream.name.startswith("split_cifar")
+    return stored_sample_bytes(stream.input_size, stream.n_classes, uint8_inputs=uint8,
+                               task_labels=stream.task_incremental, replay_dtype=replay_dtype)
+
+
+def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
+    """``settings`` plus, for ``replay_bytes``, the buffer the budget holds beside the recipe's model and its
+    SGD state (one momentum buffer per parameter) at ``sample_bytes`` a sample."""
+    if method.name != "replay_bytes":
+        return settings
+    if budget is None:
+        raise ValueError("replay_bytes needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
+                         "the budget holds beside the model")
+    s = B.recipe(method.name, stream.name, settings)
+    fixed = module_bytes(B.make_model(stream, s)) * (2 if s["momentum"] else 1)
+    per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
+                                                                                    else 1)
+    return {**settings, "mem_size": B.replay_capacity(budget, fixed, per)}
+
+
+def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, run_dir, resume, settings,
+                  progress: bool, loggers, on_batch, sample_bytes: Optional[int]) -> dict:
     prog = _Progress()
-    strategy = B.make_baseline(method, stream, seed=seed, evaluator=make_evaluator(loggers), epochs=epochs,
+    settings = baseline_settings_for(method, stream, dict(settings or {}), budget, sample_bytes)
+    strategy = B.make_baseline(method.name, stream, seed=seed,
+                               evaluator=make_evaluator(loggers, sample_bytes=sample_bytes), epochs=epochs,
                                settings=settings, plugins=[prog])
     mm = memory_metric(strategy.evaluator)
-    config = B.describe(method, stream, epochs, settings)
+    config = dict(B.describe(method.name, stream, epochs, settings), sample_bytes=sample_bytes)
     results, start, resumed = _new_results(), 0, False
     state_path = None if run_dir is None else run_dir / "state.pkl"
     if resume and state_path is not None and state_path.exists():
@@ -346,18 +360,18 @@ def _run_baseline(stream: Stream, method: str, seed: int, *, budget, epochs, run
         results, start, resumed = extra["results"], extra["exp"] + 1, True
         mm.recorder.records = list(results["bytes"])
     n_exp = stream.n_experiences
-    joint = method == "joint"
+    joint = method.name == "joint"
     units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
     if joint and start > 0:
         units = []
     for e, unit in units:
         label = "all" if joint else f"{e + 1}/{n_exp}"
-        prog.bar = _bar(f"{method} seed {seed} exp {label}", None, 0, progress)
+        prog.bar = _bar(f"{method.name} seed {seed} exp {label}", None, 0, progress)
         if on_batch is not None:
-            prog.on_batch = lambda p, e=e: on_batch({"method": method, "seed": seed, "experience": e, **p})
+            prog.on_batch = lambda p, e=e: on_batch({"method": method.name, "seed": seed, "experience": e, **p})
         torch.manual_seed(B.experience_seed(seed, 0 if joint else e))
         t = _timer()
-        train_metrics = strategy.train(unit, **stream.train_kwargs)
+        train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
         train_s = _elapsed(t)
         if prog.bar is not None:
             prog.bar.close()
@@ -367,8 +381,8 @@ def _run_baseline(stream: Stream, method: str, seed: int, *, budget, epochs, run
         _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t), prequential=config["epochs"] == 1)
         if state_path is not None and not joint:
             B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
-    return _finish(results, stream=stream, method=method, seed=seed, kind="baseline", config=config, budget=budget,
-                   square=not joint, resumed=resumed)
+    return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget, square=not joint,
+                   resumed=resumed)
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -380,23 +394,29 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                   epochs: Union[int, Dict[str, int], None] = None, growmem_loop: str = "fast",
                   checkpoint_every: int = 500, out=None, progress: bool = True, loggers=None,
                   on_batch: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
-                  eval_mb_size: int = 256, threads: Optional[int] = None, prequential: Optional[bool] = None,
-                  verbose: bool = True, name: str = "continual") -> dict:
-    """Run growmem and Avalanche baselines on one stream; returns (and with ``out`` writes
+                  method_settings: Optional[Dict[str, dict]] = None, split: str = "test",
+                  replay_dtype: str = "uint8", eval_mb_size: int = 256, threads: Optional[int] = None,
+                  prequential: Optional[bool] = None, verbose: bool = True, name: str = "continual") -> dict:
+    """Run growmem methods and Avalanche baselines on one stream; returns (and with ``out`` writes
     ``<out>/<name>.json`` + PNGs) ``{"config", "stream", "runs", "summary"}``.
 
     ``stream``: a name (``drifting_teacher``, ``split_mnist``, ...; see ``STREAMS``) or any
-    Avalanche benchmark object. ``methods``: ``growmem``, ``growmem:<preset>`` and baseline
-    names (default: growmem (+ its decay and window variants on the drifting stream), naive,
-    replay_1000). ``seeds``: one run per seed and method. ``budget_bytes``: caps growmem's
-    memory (int or a size such as ``"15.7MB"``: 1 MB = 10^6 B, 1 MiB = 2^20 B, as ``growmem train --ram-budget``);
-    every method's peak bytes are checked against it (``within_budget``). ``online``: one pass
-    over each experience for every method. ``checkpoint_dir`` / ``resume``: see the module
-    docstring. ``growmem``: the growmem config or preset name (default: ``STREAM_PRESETS`` for the
-    stream, else ``continual_growmem``).
-    ``stream_options``: ``make_stream`` options (``n_experiences``, ``train_limit``, ...).
+    Avalanche benchmark object. ``methods``: names of :mod:`growmem.continual.methods` (``target:dct``,
+    ``net:<preset>``, ``knn:dct``, ``growmem``, ``growmem:<preset>``, Avalanche's strategies; default:
+    growmem (+ its decay and window variants on the drifting stream), naive, replay_1000), reported under
+    the name that says what each is. ``seeds``: one run per seed and method. ``budget_bytes``: caps
+    growmem's memory (int or a size such as ``"15.7MB"``: 1 MB = 10^6 B, 1 MiB = 2^20 B, as ``growmem
+    train --ram-budget``) and sizes ``replay_bytes``; every method's peak bytes are checked against it
+    (``within_budget``). ``online``: one pass over each experience for every method.
+    ``checkpoint_dir`` / ``resume``: see the module docstring. ``growmem``: the config or preset of the
+    method named ``growmem`` (default: the stream's, ``methods.STREAM_DEFAULTS``).
+    ``stream_options``: ``make_stream`` options (``n_experiences``, ``train_limit``, ...). ``split``:
+    ``"test"``, or ``"validation"`` to evaluate on held-out training data (for tuning; the test split is
+    then never read). ``replay_dtype``: how stored samples are counted (``memory_bytes.stored_sample_bytes``).
     ``epochs``: epochs per experience, for every method (int) or per method (dict); default:
-    growmem's preset (1), baselines 2 on Split-MNIST and 1 elsewhere. ``growmem_loop``:
+    the preset's (growmem methods) or the recipe's (baselines). ``baseline_settings``: settings for
+    every Avalanche baseline; ``method_settings``: ``{method name: settings}`` for one method (a
+    baseline's recipe values, or a growmem method's ``{"overrides": {...}}``). ``growmem_loop``:
     ``fast`` (native loop) or ``template`` (:class:`GrowmemStrategy` in Avalanche's template).
     ``on_batch(info)`` is called after every training batch. ``threads``: ``torch.set_num_threads``.
     ``prequential``: record each batch's accuracy before training on it (default: on the
@@ -415,9 +435,18 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     if isinstance(stream, str) and stream not in STREAMS:
         raise unknown("stream", stream, STREAMS)
     stream_name = stream if isinstance(stream, str) else "user"
-    base = growmem if isinstance(growmem, GrowmemConfig) else GrowmemConfig(preset=growmem) if growmem \
-        else GrowmemConfig(preset=STREAM_PRESETS.get(stream_name, DEFAULT_PRESET))
-    methods = check_methods(methods if methods is not None else default_methods(stream_name), base)
+    base = growmem if isinstance(growmem, GrowmemConfig) else GrowmemConfig(preset=growmem) if growmem else None
+    resolved = resolve_all(methods if methods is not None else default_methods(stream_name), stream_name,
+                           None if base is None else base.preset)
+    method_settings = dict(method_settings or {})
+    unknown_settings = set(method_settings) - {m.name for m in resolved}
+    if unknown_settings:
+        raise ValueError(f"method_settings for methods not in the run: {sorted(unknown_settings)}; methods: "
+                         f"{[m.name for m in resolved]}")
+    configs = {m.name: learner_config(m, base, method_settings.get(m.name)) for m in resolved if m.kind == "learner"}
+    for cfg in configs.values():
+        cfg.load()   # an unknown preset or a bad override fails here, before anything runs
+    methods = [m.name for m in resolved]
     if isinstance(epochs, dict):
         bad = set(epochs) - set(methods)
         if bad:
@@ -429,10 +458,12 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     stream_options = dict(stream_options or {})
     config = {"stream": stream_name, "stream_options": stream_options, "methods": methods, "seeds": seeds,
               "budget_bytes": None if budget_bytes is None else int(budget_bytes), "online": bool(online),
-              "epochs": epochs, "growmem": base.describe(), "growmem_loop": growmem_loop,
-              "baseline_settings": {**B.SETTINGS, **(baseline_settings or {})}, "eval_mb_size": eval_mb_size,
-              "prequential": bool(prequential), "data": "download" if download else "local"}
-    root = _prepare_checkpoints(checkpoint_dir, config, resume)
+              "epochs": epochs, "split": split, "replay_dtype": replay_dtype,
+              "growmem": {m: c.describe() for m, c in configs.items()}, "growmem_loop": growmem_loop,
+              "baseline_settings": {**B.SETTINGS, **(baseline_settings or {})}, "method_settings": method_settings,
+              "eval_mb_size": eval_mb_size, "prequential": bool(prequential),
+              "data": "download" if download else "local"}
+    root, folders = _prepare_checkpoints(checkpoint_dir, config, resume, out)
 
     def method_epochs(m):
         if online:
@@ -444,47 +475,56 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     t0 = time.perf_counter()
     runs, stream_info = [], None
     for seed in seeds:
-        st = make_stream(stream, seed=seed, data_dir=data_dir, download=download, **stream_options) \
+        st = make_stream(stream, seed=seed, data_dir=data_dir, download=download, split=split, **stream_options) \
             if isinstance(stream, str) else make_stream(stream)
+        sample_bytes = sample_bytes_of(st, replay_dtype)
         if stream_info is None:
             stream_info = {"name": st.name, "n_experiences": st.n_experiences, "n_classes": st.n_classes,
                            "input_shape": list(st.input_shape), "task_labels": list(st.task_labels),
-                           "scenario": st.scenario, "info": st.info,
+                           "scenario": st.scenario, "info": st.info, "split": split,
                            "train_sizes": [len(e.dataset) for e in st.train_stream],
-                           "test_sizes": [len(e.dataset) for e in st.test_stream]}
-        for m in methods:
-            run_dir = None if root is None else root / _safe(m) / f"seed{seed}"
+                           "test_sizes": [len(e.dataset) for e in st.test_stream],
+                           "sample_bytes": sample_bytes, "replay_dtype": replay_dtype}
+        for m in resolved:
+            run_dir = None if root is None else root / _safe(m.name) / f"seed{seed}"
             if run_dir is not None and resume and (run_dir / RESULT_FILE).exists():
                 runs.append(json.loads((run_dir / RESULT_FILE).read_text()))
                 if verbose:
-                    print(f"{m} seed {seed}: already done in {run_dir}", file=sys.stderr)
+                    print(f"{m.name} seed {seed}: already done in {run_dir}", file=sys.stderr)
                 continue
             if run_dir is not None:
                 run_dir.mkdir(parents=True, exist_ok=True)
-            common = dict(budget=config["budget_bytes"], epochs=method_epochs(m), run_dir=run_dir, resume=resume,
-                          progress=progress, loggers=loggers, on_batch=on_batch)
-            if is_growmem(m):
-                res = _run_growmem(st, m, growmem_config(m, base), seed, loop=growmem_loop,
+            common = dict(budget=config["budget_bytes"], epochs=method_epochs(m.name), run_dir=run_dir,
+                          resume=resume, progress=progress, loggers=loggers, on_batch=on_batch)
+            if m.kind == "learner":
+                res = _run_learner(st, m, configs[m.name], seed, loop=growmem_loop,
                                    checkpoint_every=checkpoint_every, eval_mb_size=eval_mb_size,
                                    prequential=prequential, **common)
             else:
-                res = _run_baseline(st, m, seed, settings=baseline_settings, **common)
+                res = _run_baseline(st, m, seed, settings={**(baseline_settings or {}),
+                                                           **method_settings.get(m.name, {})},
+                                    sample_bytes=sample_bytes, **common)
             res = _jsonable(res)
             if run_dir is not None:
                 _write_json(run_dir / RESULT_FILE, res)
             runs.append(res)
             if verbose:
                 s = res["summary"]
-                print(f"{m} seed {seed}: acc_mean_over_experiences {s['acc_mean_over_experiences']:.4f}, "
+                print(f"{m.name} seed {seed}: acc_mean_over_experiences {s['acc_mean_over_experiences']:.4f}, "
                       f"acc_stream_weighted {s['acc_stream_weighted']:.4f}, peak bytes in use "
-                      f"{s['bytes_in_use_peak']}", file=sys.stderr)
+                      f"{s['bytes_in_use_peak']}, {s['wall_seconds']:.0f} s", file=sys.stderr)
     summary = aggregate(runs)
     doc = {"name": name, "config": config, "stream": stream_info, "budget_bytes": config["budget_bytes"],
+           "methods": {m.name: {"description": m.description, "alias": m.alias, "kind": m.kind, "family": m.family}
+                       for m in resolved},
            "runs": runs, "summary": summary, "seconds": time.perf_counter() - t0}
-    if out is not None:
-        out = Path(out)
-        doc["files"] = [str(out / f"{name}.json")] + [str(p) for p in plot(doc, out, name)]
-        _write_json(out / f"{name}.json", doc)
+    try:
+        if out is not None:
+            out = Path(out)
+            doc["files"] = [str(out / f"{name}.json")] + [str(p) for p in plot(doc, out, name)]
+            _write_json(out / f"{name}.json", doc)
+    finally:
+        folders.close()     # a run that fails before this releases them when its frame goes (RunFolder)
     if verbose:
         print(table(summary, drift=stream_name == "drifting_teacher"))
         if out is not None:

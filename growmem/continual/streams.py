@@ -39,16 +39,7 @@ require_avalanche()
 
 import torch  # noqa: E402
 
-#: stream name -> one-line description
-STREAMS: Dict[str, str] = {
-    "split_mnist": "Split-MNIST: 5 experiences x 2 classes, class-incremental",
-    "permuted_mnist": "Permuted-MNIST: 10 experiences, one pixel permutation each, domain-incremental",
-    "rotated_mnist": "Rotated-MNIST: 10 experiences, one rotation each, domain-incremental",
-    "split_cifar10": "Split-CIFAR10: 5 experiences x 2 classes, class-incremental (needs the CIFAR-10 files)",
-    "split_cifar100": "Split-CIFAR100: 10 experiences x 10 classes, class-incremental (needs the CIFAR-100 files)",
-    "drifting_teacher": "embedded drifting teacher: generated inputs, labels from a random network that "
-                        "changes abruptly between experiences and gradually within one (no download)",
-}
+from .stream_names import STREAMS  # noqa: E402,F401  (the names, importable without torch)
 MNIST_FAMILY = ("split_mnist", "permuted_mnist", "rotated_mnist")
 DEFAULT_EXPERIENCES = {"split_mnist": 5, "permuted_mnist": 10, "rotated_mnist": 10, "split_cifar10": 5,
                        "split_cifar100": 10}
@@ -123,19 +114,53 @@ def _mnist_transforms():
 
 
 def _how_to_get_mnist() -> str:
-    return ("Get the four MNIST IDX files with `python -c \"from growmem.data import mnist; mnist.download('DIR')\"` "
-            "and pass --data-dir DIR (data_dir=DIR) or set GROWMEM_DATA=DIR; or pass --download (download=True) "
-            "to let Avalanche download MNIST itself (needs a network)")
+    return ("Get the four MNIST IDX files with `growmem data download mnist` (or `growmem data download mnist --dir "
+            "DIR` and pass --data-dir DIR / set GROWMEM_DATA=DIR); or pass --download (download=True) to let "
+            "Avalanche download MNIST itself (needs a network)")
 
 
-def mnist_arrays(data_dir=None, train_limit=None, test_limit=None):
-    """``((x_train, y_train), (x_test, y_test))`` from ``growmem.data.mnist.load`` (x float32
-    ``(n, 784)`` in [0, 1]); a missing dataset raises :class:`DatasetNotFoundError`."""
+#: the held-out share of the training data in a ``split="validation"`` stream
+VALIDATION_FRACTION = 0.1
+SPLITS = ("test", "validation")
+
+
+def validation_indices(y, seed: int, fraction: float = VALIDATION_FRACTION) -> Tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, val_idx)``: ``fraction`` of each class's training samples held out (at least one per
+    class), chosen by ``seed`` alone, so every method and every tuning run sees the same split."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
+    y = np.asarray(y).reshape(-1)
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x76616C]))
+    val = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        val.append(rng.choice(idx, size=max(1, int(round(fraction * len(idx)))), replace=False))
+    val = np.sort(np.concatenate(val)) if val else np.zeros(0, np.int64)
+    keep = np.ones(len(y), bool)
+    keep[val] = False
+    return np.flatnonzero(keep), val
+
+
+def check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise unknown("split", split, SPLITS)
+    return split
+
+
+def mnist_arrays(data_dir=None, train_limit=None, test_limit=None, split: str = "test", seed: int = 0):
+    """``((x_train, y_train), (x_eval, y_eval))`` from ``growmem.data.mnist.load`` (x float32
+    ``(n, 784)`` in [0, 1]); a missing dataset raises :class:`DatasetNotFoundError`.
+
+    ``split="test"``: all the training images and the test images. ``split="validation"``: the
+    training images without a held-out ``VALIDATION_FRACTION`` of each class
+    (:func:`validation_indices`, fixed by ``seed``), and that held-out part in place of the test
+    images (which are then never read)."""
+    check_split(split)
     from growmem.data import mnist
 
     try:
         xtr, ytr = mnist.load("train", data_dir)
-        xte, yte = mnist.load("test", data_dir)
+        xte, yte = mnist.load("test", data_dir) if split == "test" else (None, None)
     except FileNotFoundError as e:
         searched = ""
         if hasattr(mnist, "candidate_dirs"):
@@ -147,6 +172,9 @@ def mnist_arrays(data_dir=None, train_limit=None, test_limit=None):
             from None
     if train_limit is not None:
         xtr, ytr = xtr[:int(train_limit)], ytr[:int(train_limit)]
+    if split == "validation":
+        keep, val = validation_indices(ytr, seed)
+        (xtr, ytr), (xte, yte) = (xtr[keep], ytr[keep]), (xtr[val], ytr[val])
     if test_limit is not None:
         xte, yte = xte[:int(test_limit)], yte[:int(test_limit)]
     return (np.asarray(xtr, np.float32), np.asarray(ytr)), (np.asarray(xte, np.float32), np.asarray(yte))
@@ -162,21 +190,23 @@ def _frozen(dataset, transform):
                                   frozen_transform_groups=DefaultTransformGroups((transform, None)))
 
 
-def _mnist_family(name, *, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit):
+def _mnist_family(name, *, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit,
+                  split="test"):
     from avalanche.benchmarks import nc_benchmark
 
     n = n_experiences or DEFAULT_EXPERIENCES[name]
-    info = {"source": "avalanche download" if download else "local IDX files", "seed": seed}
+    info = {"source": "avalanche download" if download else "local IDX files", "seed": seed, "split": split}
     if download:
-        if train_limit is not None or test_limit is not None:
-            raise ValueError(f"{name}: train_limit/test_limit apply to the offline streams only (download=False)")
+        if train_limit is not None or test_limit is not None or split != "test":
+            raise ValueError(f"{name}: train_limit/test_limit and split='validation' apply to the offline streams "
+                             f"only (download=False)")
         from avalanche.benchmarks.classic import PermutedMNIST, RotatedMNIST, SplitMNIST
         cls = {"split_mnist": SplitMNIST, "permuted_mnist": PermutedMNIST, "rotated_mnist": RotatedMNIST}[name]
         bm = cls(n, return_task_id=task_labels, seed=seed, dataset_root=data_dir)
     else:
-        (xtr, ytr), (xte, yte) = mnist_arrays(data_dir, train_limit, test_limit)
+        (xtr, ytr), (xte, yte) = mnist_arrays(data_dir, train_limit, test_limit, split, seed)
         train = ArrayDataset(xtr, ytr, (1, 28, 28), "mnist-train")
-        test = ArrayDataset(xte, yte, (1, 28, 28), "mnist-test")
+        test = ArrayDataset(xte, yte, (1, 28, 28), "mnist-test" if split == "test" else "mnist-validation")
         tr_t, ev_t = _mnist_transforms()
         if name == "split_mnist":
             # the calls of avalanche.benchmarks.classic.SplitMNIST (defaults: shuffle=True)
@@ -231,7 +261,9 @@ def _cifar_roots(name, data_dir) -> List[Path]:
     return out
 
 
-def _cifar(name, *, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit):
+def _cifar(name, *, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit, split="test"):
+    if split != "test":
+        raise ValueError(f"{name}: split='validation' is implemented for the MNIST family and drifting_teacher")
     if train_limit is not None or test_limit is not None:
         raise ValueError(f"{name}: train_limit/test_limit apply to the MNIST family and drifting_teacher only")
     _, folder = _CIFAR_DIRS[name]
@@ -256,7 +288,8 @@ def _cifar(name, *, seed, n_experiences, task_labels, data_dir, download, train_
 
 # ----------------------------------------------------------------------------- drifting teacher
 
-def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit, **options):
+def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit, split="test",
+              **options):
     from .drifting import DriftingTeacher
 
     if task_labels:
@@ -273,8 +306,8 @@ def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_lim
     except TypeError as e:
         valid = [f.name for f in dataclasses.fields(DriftingTeacher) if f.name != "seed"]
         raise ValueError(f"drifting_teacher: {e}; its options are {', '.join(valid)}") from None
-    return Stream("drifting_teacher", dt.benchmark(), dt.n_classes, (dt.d,), dt.n_experiences, (0,), "drift",
-                  {"shuffle": False}, {"settings": dataclasses.asdict(dt)})
+    return Stream("drifting_teacher", dt.benchmark(split), dt.n_classes, (dt.d,), dt.n_experiences, (0,), "drift",
+                  {"shuffle": False}, {"settings": dataclasses.asdict(dt), "split": split})
 
 
 # ----------------------------------------------------------------------------- any benchmark
@@ -306,17 +339,23 @@ _BUILDERS = {**{n: _mnist_family for n in MNIST_FAMILY}, "split_cifar10": _cifar
 
 def make_stream(stream, *, seed: int = 0, data_dir=None, download: bool = False, n_experiences: Optional[int] = None,
                 task_labels: bool = False, train_limit: Optional[int] = None, test_limit: Optional[int] = None,
-                **options) -> Stream:
+                split: str = "test", **options) -> Stream:
     """Build a stream by name (see :data:`STREAMS`) or describe an Avalanche benchmark object.
 
     ``seed`` fixes the class order (split), the permutations / angles (permuted, rotated) or the
     teachers and samples (drifting). ``task_labels=True`` gives each experience its task label
     (task-incremental). ``train_limit`` / ``test_limit`` keep the first samples of each split
-    (MNIST family) or set the samples per experience (drifting). ``options`` go to the drifting
-    teacher (``d``, ``n_classes``, ``hidden``, ``change``, ``drift``).
+    (MNIST family) or set the samples per experience (drifting). ``split="validation"`` evaluates on
+    held-out training data instead of the test data, for choosing hyperparameters: the MNIST
+    family holds out ``VALIDATION_FRACTION`` of each class's training images (and trains on the
+    rest), the drifting stream draws its evaluation samples afresh (same teachers, never the test
+    samples). ``options`` go to the drifting teacher (``d``, ``n_classes``, ``hidden``, ``change``,
+    ``drift``).
     """
+    check_split(split)
     if not isinstance(stream, str):
-        if any(v is not None for v in (n_experiences, train_limit, test_limit)) or options or task_labels:
+        if any(v is not None for v in (n_experiences, train_limit, test_limit)) or options or task_labels \
+                or split != "test":
             raise ValueError("stream options apply to named streams, not to a benchmark object")
         return describe_benchmark(stream)
     if stream not in _BUILDERS:
@@ -325,6 +364,6 @@ def make_stream(stream, *, seed: int = 0, data_dir=None, download: bool = False,
         raise ValueError(f"{stream} takes no options {sorted(options)} (they are drifting_teacher settings)")
     return _BUILDERS[stream](stream, seed=seed, n_experiences=n_experiences, task_labels=task_labels,
                              data_dir=data_dir, download=download, train_limit=train_limit, test_limit=test_limit,
-                             **options) if stream != "drifting_teacher" else \
+                             split=split, **options) if stream != "drifting_teacher" else \
         _drifting(seed=seed, n_experiences=n_experiences, task_labels=task_labels, data_dir=data_dir,
-                  download=download, train_limit=train_limit, test_limit=test_limit, **options)
+                  download=download, train_limit=train_limit, test_limit=test_limit, split=split, **options)

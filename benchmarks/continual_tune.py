@@ -1,0 +1,195 @@
+"""Choose every continual method's hyperparameters on a validation split (never the test split).
+
+Each stream's validation split holds out 10 % of each class's training images (fixed by the seed,
+``growmem.continual.streams.validation_indices``); the methods train on the other 90 % and are scored on
+the held-out part after the last experience (the mean over experiences of the final accuracy: what the
+benchmark reports). The tuning runs use seed 0, which the benchmark's seeds (1, 2, 3) do not, so the class
+orders, permutations and rotations differ too. Every grid point runs once; the best point is ``chosen``
+(a point over the memory budget is never chosen). ``benchmarks/continual.py`` then runs with the chosen
+settings, and ``growmem/continual/baselines.py: TUNED`` holds the same values for the command line (a test
+checks they agree).
+
+    python benchmarks/continual_tune.py --preset smoke                    # seconds (run by the tests)
+    python benchmarks/continual_tune.py --preset cpu --streams split_mnist --methods ewc,lwf --merge
+
+Writes ``continual_tune.json`` (``streams.<stream>.<method>.{grid, results, chosen, metric}``; ``summary``:
+the chosen value per stream and method) and ``continual_tune.png``. ``--merge`` adds to the file in
+``--out``. A method without a grid is recorded with its preset or recipe and ``chosen: {}``.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist", "drifting_teacher")
+BUDGET = "15.7MB"
+SEED = 0
+
+
+def _grid(**axes):
+    """Every combination of the axes, as settings dicts."""
+    keys = list(axes)
+    return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
+
+
+def _over(**axes):
+    """A grid of a growmem method's preset overrides (``{"overrides": {"section.key": v}}``)."""
+    return [{"overrides": g} for g in _grid(**axes)]
+
+
+#: the grid of each method (settings as run_continual's method_settings take them); the shared baseline
+#: settings are growmem/continual/baselines.py's SETTINGS and RECIPES
+GRIDS = {
+    "target:dct": _over(**{"keys.n": [8, 10, 12], "keys.deskew": [True, False]}),
+    "target:subspaces": _over(**{"keys.dim": [20, 30], "keys.rho": [0.5, 0.6]}),
+    "net:replay_dct": _over(**{"readout.temperature": [0.5, 1.0, 2.0], "replay.samples": [16, 32]}),
+    "net:replay_proj": _over(**{"readout.temperature": [0.5, 1.0, 2.0], "replay.samples": [16, 32]}),
+    "net:drift_discount": _over(**{"policy.0.factor": [0.03, 0.1, 0.3], "policy.0.threshold": [0.25, 0.5, 1.0]}),
+    "knn:dct": _over(k=[1, 3, 5, 10]), "knn:raw": _over(k=[1, 3, 5, 10]),
+    "slda:dct": _over(shrinkage=[1e-4, 1e-2, 1e-1]), "slda:raw": _over(shrinkage=[1e-4, 1e-2, 1e-1]),
+    "ewc": _grid(ewc_lambda=[1.0, 10.0, 100.0, 1000.0, 10000.0]),
+    "lwf": _grid(lwf_alpha=[0.5, 1.0, 2.0], lwf_temperature=[1.0, 2.0]),
+    "replay_bytes": _grid(epochs=[1, 3, 10], lr=[0.01, 0.05]),
+    "cumulative": _grid(epochs=[1, 3], lr=[0.01, 0.05]),
+    "joint": _grid(epochs=[3, 10], lr=[0.01, 0.05], schedule=["cosine"]),
+}
+#: methods that take another method's chosen settings (same recipe family)
+SHARED = {"replay_4400": "replay_bytes"}
+#: methods run once as they are: their published recipe (gdumb), no hyperparameter (ncm), the lower bound
+FIXED = ("gdumb", "ncm:dct", "ncm:raw", "naive")
+METHODS = {
+    "split_mnist": ("target:dct", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "knn:raw", "ncm:raw", "slda:raw", "replay_bytes",
+                    "gdumb", "cumulative", "joint", "naive", "ewc", "lwf"),
+    "permuted_mnist": ("target:subspaces", "net:replay_proj", "knn:raw", "ncm:raw", "slda:raw", "replay_bytes", "gdumb", "cumulative",
+                       "joint", "naive", "ewc", "lwf"),
+}
+METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
+METHODS["drifting_teacher"] = ("net:drift_discount",)
+
+PRESETS = {
+    "smoke": dict(stream_options={"split_mnist": dict(train_limit=1000), "permuted_mnist": dict(
+        n_experiences=3, train_limit=500), "rotated_mnist": dict(n_experiences=3, train_limit=500),
+        "drifting_teacher": dict(n_experiences=2, train_limit=200)}, grid_limit=2, epochs_cap=2),
+    # target:subspaces trains for ~20 min per run on a whole Permuted-MNIST stream: its grid runs on the first
+    # 3 experiences (all their images); everything else on the whole stream
+    "cpu": dict(stream_options={s: {} for s in STREAMS}, grid_limit=None, epochs_cap=None,
+                method_options={"target:subspaces": {"n_experiences": 3}}),
+}
+
+
+def _csv(text):
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _key(settings) -> str:
+    return json.dumps(settings, sort_keys=True)
+
+
+def choose(results, budget):
+    """The best grid point within the budget (highest validation accuracy; ties: the first listed)."""
+    ok = [r for r in results if r["within_budget"] is not False]
+    if not ok:
+        return None
+    return max(ok, key=lambda r: r["accuracy"])["settings"]
+
+
+def plot(doc, path):
+    from growmem.reporting import pyplot, save_figure
+
+    plt = pyplot()
+    streams = list(doc["streams"])
+    fig, axes = plt.subplots(len(streams), 1, figsize=(12, 3.2 * len(streams)), squeeze=False)
+    for ax, stream in zip(axes[:, 0], streams):
+        labels, vals, colors = [], [], []
+        for k, (m, r) in enumerate(doc["streams"][stream].items()):
+            for res in r["results"]:
+                labels.append(f"{m} {json.dumps(res['settings'], sort_keys=True)[:40]}")
+                vals.append(res["accuracy"])
+                colors.append("C3" if res["settings"] == r["chosen"] else f"C{k % 10}")
+        ax.barh(range(len(vals)), vals, color=colors)
+        ax.set_yticks(range(len(vals)), labels, fontsize=5)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("validation accuracy (chosen: red)")
+        ax.set_title(f"{stream} (validation split, seed {SEED})")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--streams", default=",".join(STREAMS))
+    ap.add_argument("--methods", default=None, help="comma-separated methods (default: each stream's)")
+    ap.add_argument("--memory-budget", default=BUDGET)
+    ap.add_argument("--merge", action="store_true", help="add to the continual_tune.json already in --out")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    from growmem.continual.methods import resolve
+    from growmem.continual.runner import run_continual
+    from growmem.reporting import write_json
+    from growmem.units import parse_size
+
+    cfg = PRESETS[args.preset]
+    budget = parse_size(args.memory_budget)
+    path = args.out / "continual_tune.json"
+    doc = json.loads(path.read_text()) if (args.merge and path.is_file()) else {"streams": {}, "invocations": []}
+    t0 = time.perf_counter()
+    for stream in _csv(args.streams):
+        if stream not in STREAMS:
+            raise SystemExit(f"unknown stream {stream!r}; choose from {', '.join(STREAMS)}")
+        methods = [m for m in (_csv(args.methods) if args.methods else METHODS[stream]) if m not in SHARED]
+        for m in methods:
+            grid = GRIDS.get(m, [{}]) if m not in FIXED else [{}]
+            if cfg["grid_limit"]:
+                grid = grid[:cfg["grid_limit"]]
+            opts = {**cfg["stream_options"][stream], **cfg.get("method_options", {}).get(m, {})}
+            results = []
+            for settings in grid:
+                epochs = None
+                if cfg["epochs_cap"] and resolve(m, stream).kind == "avalanche":
+                    epochs = {m: min(cfg["epochs_cap"], int(settings.get("epochs", cfg["epochs_cap"])))}
+                run = run_continual(stream, [m], [SEED], budget, stream_options=opts, data_dir=args.data_dir,
+                                    split="validation", method_settings={m: settings} if settings else None,
+                                    epochs=epochs, progress=not args.no_progress, threads=args.threads,
+                                    verbose=False)
+                s = run["runs"][0]["summary"]
+                results.append({"settings": settings, "accuracy": s["acc_mean_over_experiences"],
+                                "bytes": s["bytes_in_use_peak"], "within_budget": s["within_budget"],
+                                "wall_s": s["wall_seconds"], "stream_options": opts})
+                print(f"{stream} {m} {_key(settings)}: validation accuracy {s['acc_mean_over_experiences']:.4f}, "
+                      f"{s['bytes_in_use_peak'] / 1e6:.2f} MB, {s['wall_seconds']:.0f} s", flush=True)
+            entry = {"grid": grid, "results": results, "chosen": choose(results, budget),
+                     "metric": "acc_mean_over_experiences on the validation split",
+                     "fixed": m in FIXED, "stream_options": opts}
+            doc["streams"].setdefault(stream, {})[m] = entry
+            for other, src in SHARED.items():
+                if src == m:
+                    doc["streams"][stream][other] = {**entry, "shared_with": m}
+    doc["invocations"] = doc.get("invocations", []) + [{
+        "command": "python benchmarks/continual_tune.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S")}]
+    doc.update(benchmark="continual_tune", preset=args.preset, seed=SEED, budget_bytes=budget,
+               summary={s: {m: r["chosen"] for m, r in ms.items()} for s, ms in doc["streams"].items()})
+    out = write_json(path, doc)
+    plot(doc, args.out / "continual_tune.png")
+    for stream, ms in doc["summary"].items():
+        for m, chosen in ms.items():
+            print(f"{stream} {m}: chosen {chosen}")
+    print(f"wrote {out} and {args.out / 'continual_tune.png'}")
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The continual benchmark's protocol: validation splits, honest method names, bytes as a user stores
+them, budget-matched replay, the baselines' recipes, ties within 2 standard errors, tuning."""
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from growmem import config
+from growmem.continual import methods
+from growmem.continual.errors import UnknownNameError
+from growmem.reporting import compare, mean_std, standard_error_of_difference
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- ties and verdicts
+
+def test_compare_calls_a_difference_only_beyond_two_standard_errors():
+    a, b = [0.90, 0.91, 0.92], [0.80, 0.81, 0.79]
+    se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3)
+    assert standard_error_of_difference(a, b) == pytest.approx(se)
+    assert compare(a, b) == "better" and compare(b, a) == "worse"
+    # a difference of 1.5 standard errors is a tie, 2.5 is not
+    base = [0.0, 0.1, 0.2]
+    s = standard_error_of_difference(base, base)
+    assert compare([v + 1.5 * s for v in base], base) == "tie"
+    assert compare([v + 2.5 * s for v in base], base) == "better"
+    assert compare([0.5], [0.4, 0.41]) == "untested"                  # one seed: no spread measured
+    assert compare([0.3, 0.31], [0.3, 0.31], higher=False) == "tie"
+    assert compare([0.2, 0.21], [0.3, 0.31], higher=False) == "better"  # lower is better (a loss)
+    m = mean_std([1.0, 2.0, 4.0])
+    assert m["mean"] == pytest.approx(7 / 3) and m["std"] == pytest.approx(np.std([1, 2, 4], ddof=1)) and m["n"] == 3
+
+
+# ----------------------------------------------------------------------------- names
+
+def test_methods_are_named_by_what_they_are():
+    m = methods.resolve("growmem", "split_mnist")
+    assert (m.name, m.family, m.alias) == ("target:dct", "target", "growmem")
+    assert methods.resolve("growmem", "drifting_teacher").name == "net:continual_growmem"
+    assert methods.resolve("growmem:continual_decay").name == "net:continual_decay"
+    assert methods.resolve("growmem:target_subspaces").name == "target:subspaces"
+    assert methods.resolve("knn:dct").description.startswith("k nearest neighbours")
+    assert methods.resolve("replay_bytes").family == "replay" and methods.resolve("replay_77").family == "replay"
+    with pytest.raises(UnknownNameError, match="name the method target:dct"):
+        methods.resolve("net:target_dct")
+    with pytest.raises(UnknownNameError, match="key set"):
+        methods.resolve("knn:pixels")
+    with pytest.raises(UnknownNameError, match="valid methods"):
+        methods.resolve("svm")
+    with pytest.raises(ValueError, match="listed twice.*growmem.*target:dct"):
+        methods.resolve_all(["growmem", "target:dct"], "split_mnist")
+
+
+def test_preset_overrides_are_validated_like_the_file():
+    p = config.load("target_dct", {"keys.n": 8, "target.temperature": 0.01})
+    assert dict(p.keys)["n"] == 8 and dict(p.target)["temperature"] == 0.01
+    assert config.load("continual_decay", {"policy.0.gamma": 0.02}).policy_entries[0][1][0] == ("gamma", 0.02)
+    for bad, what in (({"keys.n": -1}, "not allowed"), ({"keys.nope": 1}, "unknown key"),
+                      ({"policy.5.gamma": 0.1}, "1 \\[\\[policy\\]\\] entries"), ({"a.b.c": 1}, "section.key")):
+        with pytest.raises(config.ConfigError, match=what):
+            config.load("continual_decay" if "policy" in str(bad) else "target_dct", bad)
+
+
+# ----------------------------------------------------------------------------- validation split
+
+def test_the_validation_split_holds_out_a_tenth_of_each_class_fixed_by_the_seed():
+    from growmem.continual.streams import validation_indices
+    y = np.repeat(np.arange(4), [50, 100, 30, 20])
+    keep, val = validation_indices(y, seed=3)
+    assert len(np.intersect1d(keep, val)) == 0 and len(keep) + len(val) == len(y)
+    assert [int(np.sum(y[val] == c)) for c in range(4)] == [5, 10, 3, 2]
+    again = validation_indices(y, seed=3)
+    other = validation_indices(y, seed=4)
+    assert np.array_equal(again[1], val) and not np.array_equal(other[1], val)
+
+
+def test_a_validation_stream_trains_on_the_rest_and_never_reads_the_test_images(monkeypatch):
+    from growmem.continual.streams import make_stream, validation_indices
+    from growmem.data import mnist
+
+    x, y = mnist.load("train")
+    read = []
+    real = mnist.load
+    monkeypatch.setattr(mnist, "load", lambda split, *a, **k: read.append(split) or real(split, *a, **k))
+    st = make_stream("split_mnist", seed=5, split="validation")
+    assert read == ["train"]                                               # the test split is not opened
+    keep, val = validation_indices(y, 5)
+    assert sum(len(e.dataset) for e in st.train_stream) == len(keep)
+    assert sum(len(e.dataset) for e in st.test_stream) == len(val)
+    # the held-out images are training images, with Avalanche's normalisation
+    got = np.sort(np.concatenate([list(e.dataset.targets) for e in st.test_stream]))
+    assert np.array_equal(got, np.sort(y[val]))
+
+
+# ----------------------------------------------------------------------------- bytes
+
+def test_stored_samples_are_counted_as_a_user_stores_them():
+    from growmem.continual.memory_bytes import stored_sample_bytes
+    assert stored_sample_bytes(784, 10, uint8_inputs=True) == 784 + 1
+    assert stored_sample_bytes(784, 10, uint8_inputs=True, task_labels=True) == 784 + 2
+    assert stored_sample_bytes(8, 5, uint8_inputs=False) == 8 * 4 + 1          # float inputs stay float32
+    assert stored_sample_bytes(3072, 1000, uint8_inputs=True) == 3072 + 2      # > 256 classes: two bytes
+    assert stored_sample_bytes(784, 10, uint8_inputs=True, replay_dtype="float32") is None
+    with pytest.raises(ValueError, match="uint8, float32"):
+        stored_sample_bytes(784, 10, uint8_inputs=True, replay_dtype="int4")
+
+
+def test_budget_matched_replay_holds_what_the_budget_leaves_beside_the_model():
+    from growmem.continual import baselines as B
+    assert B.replay_capacity(15_700_000, 3_827_280, 785) == (15_700_000 - 3_827_280) // 785
+    with pytest.raises(ValueError, match="raise --memory-budget"):
+        B.replay_capacity(2_000_000, 3_827_280, 785)
+
+
+def test_the_gdumb_schedule_is_its_authors_warm_up_then_sgdr():
+    """TrainingRecipe's learning rates against torch's CosineAnnealingWarmRestarts driven as GDumb's
+    main.py drives it (one epoch at 0.1 × lr, one at lr, then scheduler.step() every epoch)."""
+    import torch
+    from growmem.continual import baselines as B
+
+    r = B.recipe("gdumb", "split_mnist")
+    assert (r["lr"], r["min_lr"], r["epochs"], r["train_mb_size"], r["clip"], r["mem_size"]) == \
+        (0.05, 0.0005, 128, 16, 10.0, 4400)
+    plan = B.TrainingRecipe(r["lr"], r["schedule"], r["min_lr"], r["clip"])
+    p = [torch.nn.Parameter(torch.zeros(1))]
+    opt = torch.optim.SGD(p, lr=r["lr"], momentum=0.9)
+    sch = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=1, T_mult=2, eta_min=r["min_lr"])
+    for epoch in range(40):
+        if epoch == 0:
+            opt.param_groups[0]["lr"] = 0.1 * r["lr"]
+        elif epoch == 1:
+            opt.param_groups[0]["lr"] = r["lr"]
+        else:
+            sch.step()
+        assert plan.lr_at(epoch, 128) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-9), epoch
+    cos = B.TrainingRecipe(0.1, "cosine", 0.0)
+    assert cos.lr_at(0, 10) == pytest.approx(0.1) and cos.lr_at(5, 10) == pytest.approx(0.05)
+
+
+def test_the_gdumb_model_is_its_authors_mlp():
+    from growmem.continual import baselines as B
+    m = B.GDumbMLP(784, 10, 400)
+    linear = [l for l in m.modules() if l.__class__.__name__ == "Linear"]
+    assert [(l.in_features, l.out_features, l.bias is None) for l in linear] == \
+        [(784, 400, True), (400, 400, True), (400, 10, True)]
+    assert sum(1 for l in m.modules() if l.__class__.__name__ == "BatchNorm1d") == 3
+
+
+# ----------------------------------------------------------------------------- tuning
+
+def _tune_module():
+    spec = importlib.util.spec_from_file_location("bench_continual_tune", ROOT / "benchmarks" / "continual_tune.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
+    tune = _tune_module()
+    rows = [{"settings": {"a": 1}, "accuracy": 0.9, "within_budget": False},
+            {"settings": {"a": 2}, "accuracy": 0.8, "within_budget": True},
+            {"settings": {"a": 3}, "accuracy": 0.7, "within_budget": True}]
+    assert tune.choose(rows, 1) == {"a": 2}                                # the best point within the budget
+    assert tune.choose(rows[:1], 1) is None
+    doc = tune.main(["--preset", "smoke", "--out", str(tmp_path), "--streams", "split_mnist",
+                     "--methods", "knn:dct,ewc", "--no-progress"])
+    entry = doc["streams"]["split_mnist"]["knn:dct"]
+    assert len(entry["results"]) == 2 and entry["chosen"] == max(entry["results"], key=lambda r: r["accuracy"])["settings"]
+    assert "validation" in entry["metric"]
+    assert doc["summary"]["split_mnist"]["ewc"] == doc["streams"]["split_mnist"]["ewc"]["chosen"]
+    assert (tmp_path / "continual_tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the benchmark reads the chosen settings back
+    bench_spec = importlib.util.spec_from_file_location("bench_continual2", ROOT / "benchmarks" / "continual.py")
+    bench = importlib.util.module_from_spec(bench_spec)
+    bench_spec.loader.exec_module(bench)
+    assert bench.tuned_settings(tmp_path / "continual_tune.json", "split_mnist")["knn:dct"] == entry["chosen"]
+    assert json.loads((tmp_path / "continual_tune.json").read_text())["seed"] == 0
