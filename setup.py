@@ -15,7 +15,7 @@ SOURCES = ["csrc/growmem_native.cc", "csrc/isa_avx512.cc", "csrc/isa_avx2.cc", "
 setup(ext_modules=[Extension(
     "growmem._native",
     sources=SOURCES,
-    depends=["csrc/isa.h", "csrc/reduce_impl.h"],
+    depends=["csrc/isa.h", "csrc/reduce_impl.h", "csrc/exp_poly.h"],
     include_dirs=["csrc"],
     # the FFI headers as system headers: their warnings are not ours
     extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-psabi",

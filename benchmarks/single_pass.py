@@ -384,14 +384,18 @@ def main(argv=None):
     steps16 = len(x) // 16
     total = sum(steps16 * (1 if r != "capped" else 1) for r in wanted)
     with tqdm(total=total, desc=f"single pass [{args.preset}]", unit="step", dynamic_ncols=True) as bar:
-        if "weighted_softmax" in wanted:
-            r = single_pass("weighted_softmax fp32", "weighted_softmax", data, cfg, bar=bar)
+        def fp32_pass(label):   # the float32 pass, its prediction throughput and floors
+            r = single_pass(label, "weighted_softmax", data, cfg, bar=bar)
             tr = r.pop("trainer")
             r["predict"] = predict_throughput(tr, data[2])
             del tr
             floors(r, bw)
             runs.append(r)
             _report(bar, r)
+            return r
+
+        if "weighted_softmax" in wanted:
+            r = fp32_pass("weighted_softmax fp32")
             summary.update(wall_s=r["wall_s"], accuracy=r["accuracy"], floor_s=r["floor_s"],
                            ratio_to_floor=r["wall_s"] / r["floor_s"], compute_floor_s=r["compute_floor_s"],
                            roofline_floor_s=r["roofline_floor_s"],
@@ -401,13 +405,7 @@ def main(argv=None):
                            predict=r["predict"], kernels=r["kernels"])
         if "xla" in wanted:
             with kernels_path("xla"):
-                r = single_pass("weighted_softmax fp32 xla", "weighted_softmax", data, cfg, bar=bar)
-                tr = r.pop("trainer")
-                r["predict"] = predict_throughput(tr, data[2])
-                del tr
-            floors(r, bw)
-            runs.append(r)
-            _report(bar, r)
+                r = fp32_pass("weighted_softmax fp32 xla")
             summary["xla"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"], "kernels": r["kernels"],
                               "ratio_to_roofline": r["wall_s"] / r["roofline_floor_s"], "predict": r["predict"],
                               "cores_used": r["cores_used"]}

@@ -422,48 +422,53 @@ ffi::Error ReduceBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> q, ffi::
 }  // namespace
 }  // namespace growmem
 
+namespace growmem {
+namespace {
+
+// the operands both passes share: the rows, size and α
+auto bind_rows() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<F32Mat>()          // q
+      .Arg<ffi::AnyBuffer>()  // k
+      .Arg<ffi::AnyBuffer>()  // v
+      .Arg<F32Vec>()          // w
+      .Arg<F32Vec>()          // c
+      .Arg<S32Scalar>()       // size
+      .Arg<F32Scalar>();      // alpha
+}
+
+// the kernel of the table and the instruction set
+template <class B>
+auto bind_kernel(B binding) {
+  return std::move(binding)
+      .template Attr<int32_t>("form")
+      .template Attr<int32_t>("exponential")
+      .template Attr<int32_t>("normalised")
+      .template Attr<std::string_view>("isa");
+}
+
+}  // namespace
+}  // namespace growmem
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GrowmemReduceFwd, growmem::ReduceFwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Mat>()  // q
-                                  .Arg<ffi::AnyBuffer>()            // k
-                                  .Arg<ffi::AnyBuffer>()            // v
-                                  .Arg<F32Vec>()  // w
-                                  .Arg<F32Vec>()  // c
-                                  .Arg<S32Scalar>()  // size
-                                  .Arg<F32Scalar>()  // alpha
-                                  .Ret<F32Vec>()  // m
-                                  .Ret<F32Mat>()  // num
-                                  .Ret<F32Vec>()  // den
-                                  .Ret<F32Vec>()  // kept scores, (N·B,) or (0,)
-                                  .Attr<int32_t>("form")
-                                  .Attr<int32_t>("exponential")
-                                  .Attr<int32_t>("normalised")
-                                  .Attr<std::string_view>("isa"));
+                              growmem::bind_kernel(growmem::bind_rows()
+                                                       .Ret<F32Vec>()    // m
+                                                       .Ret<F32Mat>()    // num
+                                                       .Ret<F32Vec>()    // den
+                                                       .Ret<F32Vec>())); // kept scores, (N·B,) or (0,)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(GrowmemReduceBwd, growmem::ReduceBwdImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<F32Mat>()  // q
-                                  .Arg<ffi::AnyBuffer>()            // k
-                                  .Arg<ffi::AnyBuffer>()            // v
-                                  .Arg<F32Vec>()  // w
-                                  .Arg<F32Vec>()  // c
-                                  .Arg<S32Scalar>()  // size
-                                  .Arg<F32Scalar>()  // alpha
-                                  .Arg<F32Vec>()  // m
-                                  .Arg<F32Mat>()  // ∂num
-                                  .Arg<F32Vec>()  // ∂den
-                                  .Arg<F32Vec>()  // kept scores, (N·B,) or (0,)
-                                  .Ret<F32Mat>()  // ∂q
-                                  .Ret<F32Scalar>()  // Σ s̄ s
-                                  .Ret<F32Vec>()  // ∂k, (N·d_in,) or (0,)
-                                  .Ret<F32Vec>()  // ∂v, (N·d_out,) or (0,)
-                                  .Ret<F32Vec>()  // ∂w, (N,) or (0,)
-                                  .Attr<int32_t>("form")
-                                  .Attr<int32_t>("exponential")
-                                  .Attr<int32_t>("normalised")
-                                  .Attr<std::string_view>("isa"));
+                              growmem::bind_kernel(growmem::bind_rows()
+                                                       .Arg<F32Vec>()    // m
+                                                       .Arg<F32Mat>()    // ∂num
+                                                       .Arg<F32Vec>()    // ∂den
+                                                       .Arg<F32Vec>()    // kept scores, (N·B,) or (0,)
+                                                       .Ret<F32Mat>()    // ∂q
+                                                       .Ret<F32Scalar>() // Σ s̄ s
+                                                       .Ret<F32Vec>()    // ∂k, (N·d_in,) or (0,)
+                                                       .Ret<F32Vec>()    // ∂v, (N·d_out,) or (0,)
+                                                       .Ret<F32Vec>())); // ∂w, (N,) or (0,)
 
 // ------------------------------------------------------------------ the Python module
 

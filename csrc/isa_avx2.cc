@@ -9,6 +9,8 @@
 
 namespace {
 
+#include "exp_poly.h"
+
 struct V {
   static constexpr int W = 8;
   static constexpr int RA = 6;  // rows per score pass
@@ -37,29 +39,20 @@ struct V {
     return _mm_cvtss_f32(s);
   }
   static bool any_gt(V a, V b) { return _mm256_movemask_ps(_mm256_cmp_ps(a.x, b.x, _CMP_GT_OQ)) != 0; }
-  // e^x as in isa_avx512.cc; 2^n built in the exponent bits (n in [-126, 128]: 128 gives inf), and
+  // e^x: exp_reduced (exp_poly.h), then 2^n built in the exponent bits (n in [-126, 128]: 128 gives inf),
   // results below the smallest normal (x < -87.34) flushed to 0; NaN propagates
   static V exp(V a) {
     const __m256 lo = _mm256_set1_ps(-87.3365447f);
-    const __m256 x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.8f), a.x));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const V x = _mm256_max_ps(lo, _mm256_min_ps(_mm256_set1_ps(88.8f), a.x));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x.x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     // 2^n in two halves (n = 128 would not fit one exponent field): 2^(n - h) 2^h, h = n / 2
-    const __m256i ni = _mm256_cvtps_epi32(n);
+    const __m256i ni = _mm256_cvtps_epi32(n.x);
     const __m256i h = _mm256_srai_epi32(ni, 1);
     const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
     const __m256 p2 = _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, h), _mm256_set1_epi32(127)), 23));
-    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, p1), p2);
+    const __m256 y = _mm256_mul_ps(_mm256_mul_ps(exp_reduced(x, n).x, p1), p2);
     return _mm256_andnot_ps(_mm256_cmp_ps(a.x, lo, _CMP_LT_OQ), y);   // x < -87.34 (or -inf): 0
   }
   static void widen(const uint16_t* src, float* dst, int64_t n) {

@@ -12,6 +12,8 @@
 
 namespace {
 
+#include "exp_poly.h"
+
 struct V {
   static constexpr int W = 16;
   static constexpr int RA = 8;  // rows per score pass
@@ -34,22 +36,13 @@ struct V {
   static V min(V a, V b) { return _mm512_min_ps(a.x, b.x); }
   static float sum(V a) { return _mm512_reduce_add_ps(a.x); }
   static bool any_gt(V a, V b) { return _mm512_cmp_ps_mask(a.x, b.x, _CMP_GT_OQ) != 0; }
-  // e^x: Cody-Waite reduction x = n ln2 + r, a degree-6 polynomial for e^r, then 2^n by scalef
-  // (exact underflow to 0 and overflow to inf); NaN propagates
+  // e^x: exp_reduced (exp_poly.h), then 2^n by scalef (exact underflow to 0 and overflow to inf); NaN
+  // propagates (min/max return their second operand when either is NaN)
   static V exp(V a) {
-    const __m512 x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(88.8f), a.x));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+    const V x = _mm512_max_ps(_mm512_set1_ps(-104.0f), _mm512_min_ps(_mm512_set1_ps(88.8f), a.x));
+    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x.x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_scalef_ps(exp_reduced(x, n).x, n.x);
   }
   static void widen(const uint16_t* src, float* dst, int64_t n) {
     int64_t i = 0;

@@ -232,6 +232,24 @@ struct Impl {
     }
   };
 
+  // One block of rows [r0, r0 + nb) as float32 (‖k‖² in s.k2 when `norms`), and the next block's
+  // rows to prefetch while it is processed
+  struct Block {
+    int64_t r0, nb;
+    const float *k, *v;
+    Prefetch pk, pv;
+    Block(const growmem::Rows& rows, int64_t r0_, int64_t hi, const Scratch& s, bool norms) : r0(r0_) {
+      nb = hi - r0 < RB ? hi - r0 : RB;
+      const int64_t n1 = r0 + nb + RB < hi ? r0 + nb + RB : hi;   // the next block: [r0 + nb, n1)
+      pk = rows_ahead(rows.k, rows.k_bf16, rows.d_in, r0 + nb, n1);
+      pv = rows_ahead(rows.v, rows.v_bf16, rows.d_out, r0 + nb, n1);
+      k = rows_f32(rows.k, rows.k_bf16, r0, nb, rows.d_in, s.kw);
+      v = rows_f32(rows.v, rows.v_bf16, r0, nb, rows.d_out, s.vw);
+      if (norms)
+        for (int64_t i = 0; i < nb; ++i) s.k2[i] = sumsq(k + i * rows.d_in, rows.d_in);
+    }
+  };
+
   // ------------------------------------------------------------------ forward
   static void fwd_part(const growmem::FwdCall& call, int64_t lo, int64_t hi, const growmem::FwdAcc& acc,
                        float* scratch) {
@@ -248,13 +266,9 @@ struct Impl {
     for (int64_t t = 0; t < G * dout * W; t += W) V::zero().store(acc.zt + t);
 
     for (int64_t r0 = lo; r0 < hi; r0 += RB) {
-      const int64_t nb = hi - r0 < RB ? hi - r0 : RB;
-      const int64_t n1 = r0 + nb + RB < hi ? r0 + nb + RB : hi;   // the next block: [r0 + nb, n1)
-      Prefetch pk = rows_ahead(rows.k, rows.k_bf16, din, r0 + nb, n1), pv = rows_ahead(rows.v, rows.v_bf16, dout, r0 + nb, n1);
-      const float* kb = rows_f32(rows.k, rows.k_bf16, r0, nb, din, s.kw);
-      const float* vb = rows_f32(rows.v, rows.v_bf16, r0, nb, dout, s.vw);
-      if (kern.form == growmem::kNegSqdist)
-        for (int64_t i = 0; i < nb; ++i) s.k2[i] = sumsq(kb + i * din, din);
+      Block blk(rows, r0, hi, s, kern.form == growmem::kNegSqdist);
+      const int64_t nb = blk.nb;
+      const float *kb = blk.k, *vb = blk.v;
       if (stabilised)
         for (int64_t i = 0; i < nb; ++i) {
           const float cw = rows.c ? rows.c[r0 + i] * rows.w[r0 + i] : rows.w[r0 + i];
@@ -263,7 +277,7 @@ struct Impl {
         }
       for (int64_t g = 0; g < G; ++g) {
         float* S = s.S;
-        dot_rows(kb, din, nb, q.qt + g * din * W, din, S, pk);
+        dot_rows(kb, din, nb, q.qt + g * din * W, din, S, blk.pk);
         finish_scores(kern, call.alpha, q.q2 + g * W, s.k2, nb, S);
         if (call.kept) {
           const int n = lanes_of(q, g);
@@ -296,7 +310,7 @@ struct Impl {
           if (kern.normalised) den = V::fma(e, V::set1(rows.w[r0 + i]), den);
         }
         den.store(acc.den + g * W);
-        acc_cols(vb, dout, nb, dout, S, zt, pv);
+        acc_cols(vb, dout, nb, dout, S, zt, blk.pv);
       }
     }
   }
@@ -316,13 +330,9 @@ struct Impl {
     V ssum = V::zero();
 
     for (int64_t r0 = lo; r0 < hi; r0 += RB) {
-      const int64_t nb = hi - r0 < RB ? hi - r0 : RB;
-      const int64_t n1 = r0 + nb + RB < hi ? r0 + nb + RB : hi;   // the next block: [r0 + nb, n1)
-      Prefetch pk = rows_ahead(rows.k, rows.k_bf16, din, r0 + nb, n1), pv = rows_ahead(rows.v, rows.v_bf16, dout, r0 + nb, n1);
-      const float* kb = rows_f32(rows.k, rows.k_bf16, r0, nb, din, s.kw);
-      const float* vb = rows_f32(rows.v, rows.v_bf16, r0, nb, dout, s.vw);
-      if (neg && !call.kept)
-        for (int64_t i = 0; i < nb; ++i) s.k2[i] = sumsq(kb + i * din, din);
+      Block blk(rows, r0, hi, s, neg && !call.kept);
+      const int64_t nb = blk.nb;
+      const float *kb = blk.k, *vb = blk.v;
       for (int64_t g = 0; g < G; ++g) {
         const int n = lanes_of(q, g);
         float* S = s.S;
@@ -332,13 +342,13 @@ struct Impl {
             (n == W ? V::load(src) : V::load_n(src, n)).store(S + i * W);
           }
         } else {
-          dot_rows(kb, din, nb, q.qt + g * din * W, din, S, pk);
+          dot_rows(kb, din, nb, q.qt + g * din * W, din, S, blk.pk);
           finish_scores(kern, call.alpha, q.q2 + g * W, s.k2, nb, S);
         }
         float* E = s.E + g * RB * W;   // e = c κ(s − m)
         float* SB = s.SB + g * RB * W; // ∂L/∂s
         // ē_i = ⟨v_i, ∂num⟩ (+ ∂den · w_i)
-        dot_rows(vb, dout, nb, call.nbt + g * dout * W, dout, SB, pv);
+        dot_rows(vb, dout, nb, call.nbt + g * dout * W, dout, SB, blk.pv);
         const V m = V::load(call.m + g * W);
         const V dbar = V::load(call.dbar + g * W);
         V rowsum = V::load(acc.rowsum + g * W);
@@ -362,7 +372,7 @@ struct Impl {
           rowsum = rowsum + sb;
         }
         rowsum.store(acc.rowsum + g * W);
-        acc_cols(kb, din, nb, din, SB, acc.qt + g * din * W, pk);
+        acc_cols(kb, din, nb, din, SB, acc.qt + g * din * W, blk.pk);
       }
       if (!row_grads) continue;
       // ∂k_i = α Σ s̄ q  |  2α(Σ s̄ q − k_i Σ s̄);  ∂v_i = Σ e ∂num;  ∂w_i = Σ e ∂den

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from growmem import kernels, native
+from test_kernels import _fd_grad   # central finite differences of a float64 formula
 
 KERNEL_NAMES = tuple(kernels.KERNELS)   # linear, rbf, weighted_softmax, nadaraya_watson
 TEMP = 0.7
@@ -231,21 +232,6 @@ def test_vmap_over_calls_equals_each_call(isa):
 
 
 # ---------------------------------------------------------------- gradients
-
-
-def _fd_grad(f, arrays, idx, eps=1e-6):
-    """Central finite differences of scalar ``f(*arrays)`` w.r.t. ``arrays[idx]`` (numpy float64)."""
-    base = [np.array(a, np.float64) for a in arrays]
-    x = base[idx]
-    g = np.zeros_like(x)
-    for j in np.ndindex(x.shape):
-        xp, xm = x.copy(), x.copy()
-        xp[j] += eps
-        xm[j] -= eps
-        ap, am = list(base), list(base)
-        ap[idx], am[idx] = xp, xm
-        g[j] = (f(*ap) - f(*am)) / (2 * eps)
-    return g
 
 
 @pytest.mark.parametrize("name", KERNEL_NAMES)
