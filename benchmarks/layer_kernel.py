@@ -69,7 +69,9 @@ def layer(b: int, n: int, dtype: str, seed: int = 0):
 
 
 def programs(q, k, v, w):
-    """``{"fwd": ..., "fwd_bwd": ...}`` jitted under the path chosen now (GROWMEM_KERNELS)."""
+    """``{"fwd": (call, native), "fwd_bwd": ...}`` compiled now, under the path GROWMEM_KERNELS names
+    (ahead of time: the path is chosen when a function is traced, and a compiled program keeps it);
+    ``native``: whether the program calls the native kernel."""
     def forward(q, k, v, w):
         p = kernels.reduce("weighted_softmax", q, k, v, w, temperature=TEMPERATURE, row_grads=False)
         return kernels.WEIGHTED_SOFTMAX.finish(p)
@@ -77,20 +79,24 @@ def programs(q, k, v, w):
     def loss(q, k, v, w):
         return jnp.sum(forward(q, k, v, w) ** 2)
 
-    fwd, grad = jax.jit(forward), jax.jit(jax.grad(loss))
-    return {"fwd": lambda: fwd(q, k, v, w), "fwd_bwd": lambda: grad(q, k, v, w)}
+    out = {}
+    for name, fn in (("fwd", forward), ("fwd_bwd", jax.grad(loss))):
+        compiled = jax.jit(fn).lower(q, k, v, w).compile()
+        out[name] = ((lambda c=compiled: c(q, k, v, w)), native.FWD_TARGET in compiled.as_text())
+    return out
 
 
 def measure(b, n, dtype, cfg, rates) -> list:
     q, k, v, w = layer(b, n, dtype)
-    fns, chosen = {}, {}
+    fns, chosen, calls_native = {}, {}, {}
     for path in PATHS:
         os.environ["GROWMEM_KERNELS"] = path
         jax.clear_caches()
         chosen[path] = native.isa_for(q, k, v, w) or "xla"
-        for name, fn in programs(q, k, v, w).items():
-            _common.block(fn())   # compiled under this path's setting
+        for name, (fn, uses) in programs(q, k, v, w).items():
+            _common.block(fn())
             fns[f"{path}:{name}"] = fn
+            calls_native[f"{path}:{name}"] = uses
     times = _common.time_interleaved(fns, cfg["repeats"])
     row_bytes = n * (jnp.dtype(dtype).itemsize * 2 * D + 4)
     out = []
@@ -101,7 +107,7 @@ def measure(b, n, dtype, cfg, rates) -> list:
                "floor_s": floor, "speedup": _common.paired_ratio(times, f"xla:{name}", f"native:{name}")}
         for path in PATHS:
             t = _common.median(times[f"{path}:{name}"])
-            rec[path] = {"path": chosen[path], "ms": 1e3 * t, "min_ms": 1e3 * min(times[f"{path}:{name}"]),
+            rec[path] = {"path": chosen[path], "calls_native": calls_native[f"{path}:{name}"], "ms": 1e3 * t, "min_ms": 1e3 * min(times[f"{path}:{name}"]),
                          "gflops_per_s": flops / t / GB, "gb_per_s": nbytes / t / GB,
                          "matmul_fraction": flops / t / rates["matmul_flops_per_s"],
                          "bandwidth_fraction": nbytes / t / rates["bytes_per_s"], "ratio_to_roofline": t / floor}

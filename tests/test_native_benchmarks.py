@@ -44,6 +44,8 @@ def test_layer_kernel_smoke_times_both_paths_against_the_same_floors(tmp_path):
     assert {r["dtype"] for r in recs} == {"float32", "bfloat16"} and {r["pass"] for r in recs} == {"fwd", "fwd_bwd"}
     for r in recs:
         assert r["native"]["path"] == isa and r["xla"]["path"] == "xla", r
+        # the programs timed are the ones compiled for each path
+        assert r["native"]["calls_native"] and not r["xla"]["calls_native"], r
         # the flops and bytes of the pass the record names: 2·B·(d_in + d_out) per row read, rows read once
         # forward and twice forward + backward
         passes = 1 if r["pass"] == "fwd" else 2
