@@ -306,7 +306,10 @@ def _main_thread() -> bool:
 
 def cmd_train(args) -> int:
     """``growmem train``: --out and --checkpoint-dir are claimed first (locked, the checkpoint
-    folder marked as a train run's); a run that fails removes what it created and left empty."""
+    folder marked as a train run's); a run that fails removes what it created and left empty.
+    In a distributed run process 0 claims them (the one that writes the results and the marker)."""
+    if args.coordinator is not None and args.process_id != 0:
+        return _train(args)
     with claim_folders("train", args.checkpoint_dir, args.resume, Path(args.out)):
         return _train(args)
 

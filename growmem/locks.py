@@ -84,8 +84,9 @@ def release(folder):
 # ----------------------------------------------------------------------------- which command wrote a folder
 
 def _entries(folder: str):
+    """What a folder holds besides the lock and the marker (and a marker being written); None if absent."""
     try:
-        return [n for n in os.listdir(folder) if n not in (LOCK_NAME, MARK_NAME)]
+        return [n for n in os.listdir(folder) if n != LOCK_NAME and not n.startswith(MARK_NAME)]
     except FileNotFoundError:
         return None
 
@@ -273,7 +274,7 @@ def _write_mark(folder: str, kind: str):
 
     doc = {"format": MARK_FORMAT, "version": MARK_VERSION, "kind": kind, "growmem_version": __version__,
            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    tmp = os.path.join(folder, f".{MARK_NAME}.{os.getpid()}.tmp")
+    tmp = os.path.join(folder, f"{MARK_NAME}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         json.dump(doc, f)
         f.flush()
