@@ -9,132 +9,250 @@
 
 Writes ``<out>/continual.json`` (every run, the accuracy matrices, the summary) and
 ``<out>/continual_accuracy_matrix.png``, ``<out>/continual_stream.png``.
+
+Every option is declared once, in :func:`add_parser`: its ``type`` checks its value (names, numbers,
+sizes) and ``to`` names the :func:`growmem.continual.runner.run_continual` argument it becomes
+(``stream_options.<key>`` for a stream option), so adding an option is one ``opt(...)`` line.
+:func:`check_continual` checks what involves the folders (``--resume``, a ``--checkpoint-dir``
+of another command, ``--out``). All of it runs before torch and Avalanche are
+imported: a usage error is one line within the interpreter's start and JAX's import.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 
 def _csv(text: str) -> List[str]:
     return [t.strip() for t in str(text).split(",") if t.strip()]
 
 
+def _checked(parse):
+    """An argparse ``type`` from ``parse(text)``: its ``ValueError`` (an unknown name, a bad
+    number) becomes the option's one-line error, naming the valid values."""
+    def check(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    check.__name__ = parse.__name__
+    return check
+
+
+def _distinct(names: List[str], what: str) -> List[str]:
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} {', '.join(twice)} listed twice")
+    return names
+
+
+@_checked
+def stream(text: str) -> str:
+    from .errors import unknown
+    from .stream_names import STREAMS
+
+    if text not in STREAMS:
+        raise unknown("stream", text, STREAMS)
+    return text
+
+
+@_checked
+def presets(text: str) -> List[str]:
+    from .methods import resolve
+
+    names = _distinct(_csv(text), "preset")
+    for p in names:
+        resolve(f"growmem:{p}")   # an unknown preset names the valid ones
+    return names
+
+
+@_checked
+def baselines(text: str) -> List[str]:
+    from .methods import resolve
+
+    if text.strip().lower() == "none":
+        return []
+    names = _distinct(_csv(text), "baseline")
+    for b in names:
+        resolve(b)
+    return names
+
+
+@_checked
+def size(text: str) -> int:
+    from growmem.units import parse_size
+
+    n = parse_size(text)
+    if n <= 0:
+        raise ValueError(f"must be a positive size, got {text}")
+    return n
+
+
+@_checked
+def seeds(text: str) -> List[int]:
+    try:
+        out = [int(s) for s in _csv(text)]
+    except ValueError:
+        raise ValueError(f"must be comma-separated integers, got {text!r}") from None
+    if not out:
+        raise ValueError("name at least one seed")
+    _distinct([str(s) for s in out], "seed")
+    return out
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``continual`` on an ``argparse`` subparsers object (``growmem/cli.py``)."""
+    from growmem.cli import _int
+
     from .errors import EXTRA_INSTALL
 
+    positive = _int(1, "a positive integer")
     p = subparsers.add_parser(
         "continual", help="growmem vs Avalanche's strategies on a continual-learning stream (needs the continual extra)",
         description="Train growmem and Avalanche baselines on one continual-learning stream with the same data and "
                     "seeds; report Avalanche's accuracy matrix, forgetting, BWT and every method's memory in bytes. "
                     f"Needs avalanche-lib: {EXTRA_INSTALL}.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stream", default="drifting_teacher",
-                   help="drifting_teacher (embedded, default), split_mnist, permuted_mnist, rotated_mnist, "
-                        "split_cifar10, split_cifar100")
-    p.add_argument("--policy", default=None, metavar="PRESET[,PRESET...]",
-                   help="growmem preset(s) (policies/NAME.toml or a path); several run side by side as "
-                        "growmem:PRESET (default: target_dct on split_mnist, target_subspaces on "
-                        "permuted_mnist and rotated_mnist, continual_growmem elsewhere; on drifting_teacher "
-                        "also continual_decay and continual_window)")
-    p.add_argument("--baselines", default=None, metavar="NAMES",
-                   help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
-                        "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
-    p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="cap growmem's memory at SIZE bytes (e.g. 15.7MB; 1 MB = 10^6 B, 1 MiB = 2^20 B); every "
-                        "method's peak bytes are checked against it")
-    p.add_argument("--online", action="store_true", help="a single pass over each experience for every method")
-    p.add_argument("--seeds", default="0", help="comma-separated seeds (default: 0)")
-    p.add_argument("--epochs", type=int, default=None,
-                   help="epochs per experience for every method (default: growmem's preset; baselines 2 on "
-                        "split_mnist, 1 elsewhere)")
-    p.add_argument("--out", type=Path, default=Path("runs/continual"), help="output folder (default runs/continual)")
-    p.add_argument("--checkpoint-dir", type=Path, default=None, help="save checkpoints here as the run goes")
-    p.add_argument("--resume", action="store_true", help="continue the run in --checkpoint-dir where it stopped")
-    p.add_argument("--checkpoint-every", type=int, default=500, help="growmem batches between checkpoints")
-    p.add_argument("--data-dir", default=None, help="folder with the dataset files (else $GROWMEM_DATA)")
-    p.add_argument("--download", action="store_true",
-                   help="let Avalanche download MNIST/CIFAR itself (needs a network)")
-    p.add_argument("--n-experiences", type=int, default=None, help="experiences of the stream (default: its own)")
-    p.add_argument("--train-limit", type=int, default=None,
-                   help="MNIST family: use the first N training images; drifting_teacher: samples per experience")
-    p.add_argument("--test-limit", type=int, default=None,
-                   help="MNIST family: the first N test images; drifting_teacher: test samples per experience")
-    p.add_argument("--task-labels", action="store_true", help="give each experience its task label "
-                   "(task-incremental; growmem keeps a readout per task)")
-    p.add_argument("--loop", choices=["fast", "template"], default="fast",
-                   help="growmem's training loop: fast (native) or template (GrowmemStrategy in Avalanche's "
-                        "SupervisedTemplate); both give the same metrics")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_continual)
+    to: Dict[str, str] = {}
+
+    def opt(*flags, to_=None, **kw):
+        a = p.add_argument(*flags, **kw)
+        if to_ is not None:
+            to[a.dest] = to_
+        return a
+
+    opt("--stream", type=stream, default="drifting_teacher", to_="stream",
+        help="drifting_teacher (embedded, default), split_mnist, permuted_mnist, rotated_mnist, "
+             "split_cifar10, split_cifar100")
+    opt("--policy", type=presets, default=None, metavar="PRESET[,PRESET...]",
+        help="growmem preset(s) (policies/NAME.toml or a path); several run side by side as "
+             "growmem:PRESET (default: target_dct on split_mnist, target_subspaces on "
+             "permuted_mnist and rotated_mnist, continual_growmem elsewhere; on drifting_teacher "
+             "also continual_decay and continual_window)")
+    opt("--baselines", type=baselines, default=None, metavar="NAMES",
+        help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
+             "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
+    opt("--memory-budget", type=size, default=None, metavar="SIZE", to_="budget_bytes",
+        help="cap growmem's memory at SIZE bytes (e.g. 15.7MB; 1 MB = 10^6 B, 1 MiB = 2^20 B); every "
+             "method's peak bytes are checked against it")
+    opt("--online", action="store_true", to_="online", help="a single pass over each experience for every method")
+    opt("--seeds", type=seeds, default="0", to_="seeds", help="comma-separated seeds (default: 0)")
+    opt("--epochs", type=positive, default=None, to_="epochs",
+        help="epochs per experience for every method (default: growmem's preset; baselines 2 on "
+             "split_mnist, 1 elsewhere)")
+    opt("--out", type=Path, default=Path("runs/continual"), to_="out",
+        help="output folder (default runs/continual); a second run writing into it at the same time is refused")
+    opt("--checkpoint-dir", type=Path, default=None, to_="checkpoint_dir", help="save checkpoints here as the run goes")
+    opt("--resume", action="store_true", to_="resume", help="continue the run in --checkpoint-dir where it stopped")
+    opt("--checkpoint-every", type=positive, default=500, to_="checkpoint_every",
+        help="growmem batches between checkpoints (default 500; growmem also saves after every experience)")
+    opt("--data-dir", default=None, to_="data_dir", help="folder with the dataset files (else $GROWMEM_DATA)")
+    opt("--download", action="store_true", to_="download",
+        help="let Avalanche download MNIST/CIFAR itself (needs a network)")
+    opt("--n-experiences", type=positive, default=None, to_="stream_options.n_experiences",
+        help="experiences of the stream (default: its own)")
+    opt("--train-limit", type=positive, default=None, to_="stream_options.train_limit",
+        help="MNIST family: use the first N training images; drifting_teacher: samples per experience")
+    opt("--test-limit", type=positive, default=None, to_="stream_options.test_limit",
+        help="MNIST family: the first N test images; drifting_teacher: test samples per experience")
+    opt("--task-labels", action="store_true", to_="stream_options.task_labels",
+        help="give each experience its task label (task-incremental; growmem keeps a readout per task)")
+    opt("--loop", choices=["fast", "template"], default="fast", to_="growmem_loop",
+        help="growmem's training loop: fast (native) or template (GrowmemStrategy in Avalanche's "
+             "SupervisedTemplate); both give the same metrics")
+    opt("--threads", type=positive, default=None, to_="threads", help="torch.set_num_threads")
+    opt("--no-progress", dest="progress", action="store_false", to_="progress", help="no progress bars")
+    p.set_defaults(func=cmd_continual, check=check_continual, runner_args=to)
     return p
 
 
-def _methods(args) -> Optional[List[str]]:
+def check_continual(args):
+    """What needs the folders, before anything is imported or written (``growmem.cli.check_folders``):
+    a --checkpoint-dir another command wrote, or with --resume one that holds no run; --out."""
+    from growmem.cli import check_folders
+
+    check_folders("continual", args.checkpoint_dir, args.resume, args.out)
+
+
+def _methods(args) -> List[str]:
     from .runner import DEFAULT_BASELINES, DRIFT_GROWMEM, GROWMEM
 
-    presets = _csv(args.policy) if args.policy else None
-    if presets is None:
+    if not args.policy:
         growmem = list(DRIFT_GROWMEM) if args.stream == "drifting_teacher" else [GROWMEM]
-    elif len(presets) == 1:
+    elif len(args.policy) == 1:
         growmem = [GROWMEM]
     else:
-        growmem = [f"{GROWMEM}:{p}" for p in presets]
-    if args.baselines is None:
-        base = list(DEFAULT_BASELINES)
-    elif args.baselines.strip().lower() == "none":
-        base = []
-    else:
-        base = _csv(args.baselines)
-    return growmem + base
+        growmem = [f"{GROWMEM}:{p}" for p in args.policy]
+    return growmem + (list(DEFAULT_BASELINES) if args.baselines is None else list(args.baselines))
+
+
+def runner_kwargs(args) -> dict:
+    """The keyword arguments of ``run_continual`` the options give (``add_parser``'s ``to``)."""
+    kw: dict = {"stream_options": {}}
+    for dest, name in args.runner_args.items():
+        value = getattr(args, dest)
+        if name.startswith("stream_options."):
+            if value is not None and value is not False:
+                kw["stream_options"][name.split(".", 1)[1]] = value
+        else:
+            kw[name] = value
+    kw["methods"] = _methods(args)
+    kw["growmem"] = args.policy[0] if args.policy and len(args.policy) == 1 else None
+    return kw
 
 
 def cmd_continual(args) -> int:
+    """Claims --out and --checkpoint-dir (``growmem.cli.claim_folders``: a second run writing the
+    same results at the same time is refused at once), then imports torch and Avalanche and runs."""
+    from growmem.cli import UsageError, claim_folders
+
     from .errors import (DatasetNotFoundError, InputShapeError, MissingExtraError, UnknownNameError,
                          require_avalanche)
 
-    try:
-        require_avalanche()
-    except MissingExtraError as e:
-        raise SystemExit(f"growmem continual: {e}") from None
-    from growmem.config import ConfigError
-    from growmem.checkpoint import CheckpointError
+    with claim_folders("continual", args.checkpoint_dir, args.resume, args.out):
+        import warnings
+        # Avalanche imports qpsolvers (for GEM, which growmem continual never runs); a failure stays one line
+        warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning)
+        try:
+            require_avalanche()
+        except MissingExtraError as e:
+            raise UsageError(str(e)) from None
+        from growmem.config import ConfigError
+        from growmem.errors import CheckpointError
 
-    from .runner import run_continual
+        from .runner import run_continual
 
-    try:
-        seeds = [int(s) for s in _csv(args.seeds)]
-    except ValueError:
-        raise SystemExit(f"growmem continual: --seeds must be comma-separated integers, got {args.seeds!r}") from None
-    presets = _csv(args.policy) if args.policy else []
-    options = {k: v for k, v in (("n_experiences", args.n_experiences), ("train_limit", args.train_limit),
-                                 ("test_limit", args.test_limit)) if v is not None}
-    if args.task_labels:
-        options["task_labels"] = True
-    try:
-        run_continual(args.stream, _methods(args), seeds, args.memory_budget, args.online,
-                      args.checkpoint_dir, args.resume, growmem=presets[0] if len(presets) == 1 else None,
-                      stream_options=options, data_dir=args.data_dir, download=args.download, epochs=args.epochs,
-                      growmem_loop=args.loop, checkpoint_every=args.checkpoint_every, out=args.out,
-                      progress=not args.no_progress, threads=args.threads)
-    except (UnknownNameError, DatasetNotFoundError, InputShapeError, ConfigError, CheckpointError, ValueError) as e:
-        raise SystemExit(f"growmem continual: {e}") from None
+        try:
+            run_continual(**runner_kwargs(args))
+        except (UnknownNameError, DatasetNotFoundError, InputShapeError, ConfigError, CheckpointError,
+                ValueError) as e:
+            raise UsageError(str(e)) from None
     return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="growmem")
+    """``python -m growmem.continual.cli``: ``growmem continual`` alone; a failure is one line
+    (``SystemExit`` with the message)."""
+    from growmem.cli import UsageError, _Parser
+    from growmem.errors import GrowmemError
+
+    ap = _Parser(prog="growmem")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     add_parser(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "continual":
         argv = ["continual"] + argv
-    args = ap.parse_args(argv)
-    return args.func(args)
+    try:
+        args = ap.parse_args(argv)
+    except UsageError as e:
+        raise SystemExit(str(e)) from None
+    try:
+        args.check(args)
+        return args.func(args)
+    except GrowmemError as e:
+        raise SystemExit(f"growmem continual: {' '.join(str(e).split())}") from None
 
 
 if __name__ == "__main__":
