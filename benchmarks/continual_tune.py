@@ -48,14 +48,16 @@ def _over(**axes):
 GRIDS = {
     "target:dct": _over(**{"keys.n": [8, 10, 12], "keys.deskew": [True, False]}),
     "target:subspaces": _over(**{"keys.dim": [20, 30], "keys.rho": [0.5, 0.6]}),
-    "net:replay_dct": _over(**{"readout.temperature": [0.5, 1.0, 2.0], "replay.samples": [16, 32]}),
-    "net:replay_proj": _over(**{"readout.temperature": [0.5, 1.0, 2.0], "replay.samples": [16, 32]}),
-    "net:drift_discount": _over(**{"policy.0.factor": [0.03, 0.1, 0.3], "policy.0.threshold": [0.25, 0.5, 1.0]}),
+    "net:replay_dct": _over(**{"readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
+    "net:replay_proj": _over(**{"readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
+    "net:drift_discount": [g for g in _over(**{"policy.0.factor": [1.0, 0.3], "policy.0.gamma": [0.0, 0.003, 0.01],
+                                               "policy.0.threshold": [0.1, 0.25, 0.5]})
+                           if not (g["overrides"]["policy.0.factor"] == 1.0 and g["overrides"]["policy.0.gamma"] == 0)],
     "knn:dct": _over(k=[1, 3, 5, 10]), "knn:raw": _over(k=[1, 3, 5, 10]),
     "slda:dct": _over(shrinkage=[1e-4, 1e-2, 1e-1]), "slda:raw": _over(shrinkage=[1e-4, 1e-2, 1e-1]),
     "ewc": _grid(ewc_lambda=[1.0, 10.0, 100.0, 1000.0, 10000.0]),
     "lwf": _grid(lwf_alpha=[0.5, 1.0, 2.0], lwf_temperature=[1.0, 2.0]),
-    "replay_bytes": _grid(epochs=[1, 3, 10], lr=[0.01, 0.05]),
+    "replay_bytes": _grid(epochs=[1, 3, 10, 20], lr=[0.01, 0.05]),
     "cumulative": _grid(epochs=[1, 3], lr=[0.01, 0.05]),
     "joint": _grid(epochs=[3, 10], lr=[0.01, 0.05], schedule=["cosine"]),
 }
@@ -76,10 +78,10 @@ PRESETS = {
     "smoke": dict(stream_options={"split_mnist": dict(train_limit=1000), "permuted_mnist": dict(
         n_experiences=3, train_limit=500), "rotated_mnist": dict(n_experiences=3, train_limit=500),
         "drifting_teacher": dict(n_experiences=2, train_limit=200)}, grid_limit=2, epochs_cap=2),
-    # target:subspaces trains for ~20 min per run on a whole Permuted-MNIST stream: its grid runs on the first
-    # 3 experiences (all their images); everything else on the whole stream
+    # target:subspaces and net:replay_proj train for 20-40 min per run on a whole Permuted-MNIST stream: their
+    # grids run on the first 3 experiences (all their images); everything else on the whole stream
     "cpu": dict(stream_options={s: {} for s in STREAMS}, grid_limit=None, epochs_cap=None,
-                method_options={"target:subspaces": {"n_experiences": 3}}),
+                method_options={"target:subspaces": {"n_experiences": 3}, "net:replay_proj": {"n_experiences": 3}}),
 }
 
 
@@ -92,8 +94,9 @@ def _key(settings) -> str:
 
 
 def choose(results, budget):
-    """The best grid point within the budget (highest validation accuracy; ties: the first listed)."""
-    ok = [r for r in results if r["within_budget"] is not False]
+    """The best grid point within the budget (highest validation accuracy; ties: the first listed); for a
+    method no point of which fits (cumulative, joint: they keep every sample), the best point."""
+    ok = [r for r in results if r["within_budget"] is not False] or list(results)
     if not ok:
         return None
     return max(ok, key=lambda r: r["accuracy"])["settings"]
@@ -131,6 +134,8 @@ def main(argv=None):
     ap.add_argument("--methods", default=None, help="comma-separated methods (default: each stream's)")
     ap.add_argument("--memory-budget", default=BUDGET)
     ap.add_argument("--merge", action="store_true", help="add to the continual_tune.json already in --out")
+    ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="merge these tuning files (run apart, e.g. one per stream) into --out and stop")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -144,6 +149,30 @@ def main(argv=None):
     budget = parse_size(args.memory_budget)
     path = args.out / "continual_tune.json"
     doc = json.loads(path.read_text()) if (args.merge and path.is_file()) else {"streams": {}, "invocations": []}
+    if args.combine:
+        for other in map(lambda p: json.loads(Path(p).read_text()), args.combine):
+            for stream, ms in other["streams"].items():
+                for m, entry in ms.items():
+                    old = doc["streams"].setdefault(stream, {}).get(m)
+                    if old is not None:   # a later file extends a method's grid: keep every point
+                        seen = {_key(r["settings"]) for r in entry["results"]}
+                        entry = {**entry, "grid": old["grid"] + [g for g in entry["grid"] if _key(g) not in
+                                                                 {_key(x) for x in old["grid"]}],
+                                 "results": [r for r in old["results"] if _key(r["settings"]) not in seen]
+                                 + entry["results"]}
+                    entry["chosen"] = choose(entry["results"], budget)
+                    doc["streams"][stream][m] = entry
+            doc["invocations"] += other.get("invocations", [])
+        for stream, ms in doc["streams"].items():      # a shared method follows its source's final choice
+            for other, src in SHARED.items():
+                if src in ms:
+                    ms[other] = {**ms[src], "shared_with": src}
+        doc.update(benchmark="continual_tune", preset=args.preset, seed=SEED, budget_bytes=budget,
+                   summary={s: {m: r["chosen"] for m, r in ms.items()} for s, ms in doc["streams"].items()})
+        out = write_json(path, doc)
+        plot(doc, args.out / "continual_tune.png")
+        print(f"wrote {out} and {args.out / 'continual_tune.png'} (combined {len(args.combine)} files)")
+        return doc
     t0 = time.perf_counter()
     for stream in _csv(args.streams):
         if stream not in STREAMS:

@@ -138,12 +138,13 @@ POLICIES = {
     "weight_decay": {"gamma": _num(0, 1, hi_open=True), "prune_below": _num(0)},
     "momentum": {"mu": _num(0, 1, hi_open=True)},
     "labels": {},
-    "drift_discount": {"factor": _num(0, 1, lo_open=True, hi_open=True), "threshold": _num(0, lo_open=True),
+    "drift_discount": {"factor": _num(0, 1, lo_open=True), "threshold": _num(0, lo_open=True),
+                       "gamma": _num(0, 1, hi_open=True),
                        "fast": _num(0, 1, lo_open=True), "slow": _num(0, 1, lo_open=True),
                        "warmup": _num(0, kind="int"), "cooldown": _num(0, kind="int")},
 }
 REQUIRED_POLICY_KEYS = {"novelty": ("tau",), "capacity": ("max_rows",), "weight_decay": ("gamma",),
-                        "momentum": ("mu",), "labels": (), "drift_discount": ("factor",)}
+                        "momentum": ("mu",), "labels": (), "drift_discount": ()}
 HYBRID = {
     "optimizer": _enum("adam", "adamw", "sgd"),
     "learning_rate": _num(0, lo_open=True),

@@ -656,32 +656,38 @@ def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
 
 class DriftState(NamedTuple):
     """:func:`drift_discount`'s detector: running means of the candidates' error (fast, slow), steps seen,
-    the step of the last discount and how many discounts fired."""
+    the step of the last onset, whether the detector is raised, and how many onsets it saw."""
 
     fast: jax.Array
     slow: jax.Array
     steps: jax.Array
     last: jax.Array
+    raised: jax.Array
     fired: jax.Array
 
 
-def drift_discount(factor: float, threshold: float = 0.5, *, fast: float = 0.1, slow: float = 0.01,
-                   warmup: int = 50, cooldown: int = 100) -> Policy:
-    """Forget when the world changes, not otherwise: a drift detector on the prequential error gates a
-    one-time discount of the stored rows.
+def drift_discount(factor: float = 1.0, threshold: float = 0.5, *, gamma: float = 0.0, fast: float = 0.1,
+                   slow: float = 0.01, warmup: int = 50, cooldown: int = 100) -> Policy:
+    """Forget when the world changes, not otherwise: a drift detector on the prequential error gates how
+    much the stored rows fade.
 
     The candidates' values carry the error the model made on the batch before learning from it
     (``ṽ = −βg``, ``v = −ηg``): their mean norm ``e_t`` is a prequential error signal. Two running means
-    follow it (rates ``fast`` and ``slow``); when the fast one exceeds the slow one by more than
-    ``threshold`` (relative), at least ``warmup`` steps in and ``cooldown`` steps after the last discount,
-    every stored row's ``w`` and ``ṽ`` are scaled by ``factor`` (as weight decay, Eq. 21/90, would scale
-    them over ``log(factor) / log(1 − γ)`` steps) and the slow mean restarts from the fast one. The rows
-    learnt since then dominate where they exist; older rows still answer where nothing newer is. With a
-    falling error (no drift) nothing fires and the policy changes nothing.
+    follow it (rates ``fast`` and ``slow``); the detector is *raised* while the fast one exceeds the slow one
+    by more than ``threshold`` (relative), from ``warmup`` steps on. While raised, every stored row's ``w``
+    and ``ṽ`` are scaled by ``1 − gamma`` each step (weight decay, Eq. 21/90, at a rate the measured change
+    decides); at an onset (raised now, not before, ``cooldown`` steps after the last) they are also scaled
+    once by ``factor`` and — when ``factor < 1`` — the slow mean restarts from the fast one. The rows learnt
+    since dominate where they exist; older rows still answer where nothing newer is. With a falling error
+    (no drift) nothing happens and the policy changes nothing.
 
-    The discount is decided at run time, so it has no static ``retention``: it is refused with momentum
-    and on a cold tier (``dynamic_age``)."""
-    _check_number("drift_discount factor", factor, lambda x: 0 < x < 1, "a number in (0, 1)")
+    The fading is decided at run time, so it has no static ``retention``: it is refused with momentum and on
+    a cold tier (``dynamic_age``)."""
+    _check_number("drift_discount factor", factor, lambda x: 0 < x <= 1, "a number in (0, 1]")
+    _check_number("drift_discount gamma", gamma, lambda x: 0 <= x < 1, "a number in [0, 1)")
+    if factor == 1 and gamma == 0:
+        raise ValueError("drift_discount does nothing with factor = 1 and gamma = 0: set a discount factor < 1, a "
+                         "decay rate gamma > 0, or both")
     _check_number("drift_discount threshold", threshold, lambda x: x > 0, "a number > 0")
     for n, v in (("fast", fast), ("slow", slow)):
         _check_number(f"drift_discount {n}", v, lambda x: 0 < x <= 1, "a number in (0, 1]")
@@ -693,7 +699,7 @@ def drift_discount(factor: float, threshold: float = 0.5, *, fast: float = 0.1, 
 
     def init(mem):   # distinct buffers: the trainer donates the state
         return DriftState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
-                          jnp.full((), -10 ** 6, jnp.int32), jnp.zeros((), jnp.int32))
+                          jnp.full((), -10 ** 6, jnp.int32), jnp.zeros((), bool), jnp.zeros((), jnp.int32))
 
     def age(g, state):
         mem = g.mem
@@ -705,15 +711,18 @@ def drift_discount(factor: float, threshold: float = 0.5, *, fast: float = 0.1, 
         first = state.steps == 0
         f = jnp.where(first, e, (1 - fast) * state.fast + fast * e)
         sl = jnp.where(first, e, (1 - slow) * state.slow + slow * e)
-        fire = (state.steps >= warmup) & (state.steps - state.last >= cooldown) & (f > sl * (1 + threshold))
-        scale = jnp.where(fire, jnp.float32(factor), jnp.float32(1.0))
+        raised = (state.steps >= warmup) & (f > sl * (1 + threshold))
+        onset = raised & ~state.raised & (state.steps - state.last >= cooldown)
+        scale = jnp.where(raised, jnp.float32(1 - gamma), jnp.float32(1.0)) * \
+            jnp.where(onset, jnp.float32(factor), jnp.float32(1.0))
         w = mem.w * scale if _weighted(mem) else mem.w
         mem = mem.replace(w=w, v=mem.v * scale.astype(mem.v.dtype))
-        state = DriftState(f, jnp.where(fire, f, sl), state.steps + 1, jnp.where(fire, state.steps, state.last),
-                           state.fired + fire.astype(jnp.int32))
+        restart = onset & (factor < 1)
+        state = DriftState(f, jnp.where(restart, f, sl), state.steps + 1, jnp.where(onset, state.steps, state.last),
+                           raised & ~restart, state.fired + onset.astype(jnp.int32))
         return g._replace(mem=mem), state
 
-    name = f"drift_discount(factor={factor}, threshold={threshold})"
+    name = f"drift_discount(factor={factor}, threshold={threshold}, gamma={gamma})"
     return policy(name, init=init, age=age)._replace(dynamic_age=True)
 
 

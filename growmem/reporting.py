@@ -95,11 +95,22 @@ def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> Opti
     return math.sqrt(sa * sa / len(a) + sb * sb / len(b))
 
 
-def compare(a: Sequence[float], b: Sequence[float], *, higher: bool = True, k: float = 2.0) -> str:
+def compare(a: Sequence[float], b: Sequence[float], *, higher: bool = True, k: float = 2.0,
+            paired: bool = False) -> str:
     """``"better"`` if ``a`` beats ``b`` (higher mean when ``higher``) by more than ``k`` standard errors
     of the difference, ``"worse"`` if ``b`` beats ``a`` by as much, else ``"tie"``; ``"untested"`` when a
-    side has fewer than two values. Two sides without any spread are told apart by their means."""
-    se = standard_error_of_difference(a, b)
+    side has fewer than two values. ``paired``: ``a[i]`` and ``b[i]`` come from the same seed (stream,
+    order, initialisation), so the standard error is that of the mean of the per-seed differences. Two
+    sides without any spread are told apart by their means."""
+    if paired:
+        if len(a) != len(b):
+            raise ValueError(f"a paired comparison needs one value per seed on both sides, got {len(a)} and {len(b)}")
+        if len(a) < 2:
+            return "untested"
+        diffs = [x - y for x, y in zip(a, b)]
+        se = mean_std(diffs)["std"] / math.sqrt(len(diffs))
+    else:
+        se = standard_error_of_difference(a, b)
     if se is None:
         return "untested"
     d = mean_std(a)["mean"] - mean_std(b)["mean"]

@@ -61,10 +61,17 @@ def cross_entropy_present(logits, labels):
     return optax.softmax_cross_entropy_with_integer_labels(masked, labels).mean()
 
 
+def onehot_squared_error(pred, labels):
+    """Mean over the batch of ``½‖s − e_y‖²`` for integer classes ``y``: the per-sample gradient is
+    ``s − e_y``, so the ``target`` rule (``ṽ = s − g``) stores the one-hot label itself — a Nadaraya–Watson
+    readout of the targets inside a network whose other layers learn from its error."""
+    return 0.5 * jnp.mean(jnp.sum((pred - jax.nn.one_hot(labels, pred.shape[-1], dtype=pred.dtype)) ** 2, axis=-1))
+
+
 LOSSES = {"cross_entropy": cross_entropy, "cross_entropy_present": cross_entropy_present,
-          "squared_error": squared_error}
+          "squared_error": squared_error, "onehot_squared_error": onehot_squared_error}
 #: losses over integer class labels (their labels are checked against the model's classes)
-CLASS_LOSSES = (cross_entropy, cross_entropy_present)
+CLASS_LOSSES = (cross_entropy, cross_entropy_present, onehot_squared_error)
 
 
 def get_loss(loss):

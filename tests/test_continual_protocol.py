@@ -31,6 +31,13 @@ def test_compare_calls_a_difference_only_beyond_two_standard_errors():
     assert compare([0.5], [0.4, 0.41]) == "untested"                  # one seed: no spread measured
     assert compare([0.3, 0.31], [0.3, 0.31], higher=False) == "tie"
     assert compare([0.2, 0.21], [0.3, 0.31], higher=False) == "better"  # lower is better (a loss)
+    # paired by seed: a constant gain over strongly varying seeds is called, unpaired it is a tie
+    base, gain = [0.70, 0.80, 0.90], [0.71, 0.812, 0.909]
+    assert compare(gain, base) == "tie" and compare(gain, base, paired=True) == "better"
+    d = np.subtract(gain, base)
+    assert abs(d.mean()) > 2 * d.std(ddof=1) / np.sqrt(3)               # the independent check of that call
+    with pytest.raises(ValueError, match="one value per seed"):
+        compare([1, 2], [1, 2, 3], paired=True)
     m = mean_std([1.0, 2.0, 4.0])
     assert m["mean"] == pytest.approx(7 / 3) and m["std"] == pytest.approx(np.std([1, 2, 4], ddof=1)) and m["n"] == 3
 
@@ -165,7 +172,8 @@ def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
             {"settings": {"a": 2}, "accuracy": 0.8, "within_budget": True},
             {"settings": {"a": 3}, "accuracy": 0.7, "within_budget": True}]
     assert tune.choose(rows, 1) == {"a": 2}                                # the best point within the budget
-    assert tune.choose(rows[:1], 1) is None
+    assert tune.choose(rows[:1], 1) == {"a": 1}                          # nothing fits (joint): the best point
+    assert tune.choose([], 1) is None
     doc = tune.main(["--preset", "smoke", "--out", str(tmp_path), "--streams", "split_mnist",
                      "--methods", "knn:dct,ewc", "--no-progress"])
     entry = doc["streams"]["split_mnist"]["knn:dct"]

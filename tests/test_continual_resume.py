@@ -36,20 +36,20 @@ def test_resume_after_sigkill_mid_stream_gives_the_uninterrupted_results(tmp_pat
     ref = subprocess.Popen([sys.executable, WORKER, str(ref_out)], env=ENV, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
     # 1) killed inside growmem's second experience (10 batches each, a checkpoint every 3 batches)
-    first = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt)], "growmem exp 1 batch 8")
-    assert "growmem exp 0 batch 10" in first and not (tmp_path / "never.json").exists()
+    first = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt)], "net:continual_growmem exp 1 batch 8")
+    assert "net:continual_growmem exp 0 batch 10" in first and not (tmp_path / "never.json").exists()
     # 2) resumed: growmem continues after batch 6 of experience 1; killed again inside naive's second experience
     second = _run_until([str(tmp_path / "never.json"), "--ckpt", str(ckpt), "--resume"], "naive exp 1 batch 2")
-    assert second[0] == "growmem exp 1 batch 7", second[:3]
+    assert second[0] == "net:continual_growmem exp 1 batch 7", second[:3]
     # 3) resumed again: growmem is done; naive restarts experience 1 from its state after experience 0
     res = subprocess.run([sys.executable, WORKER, str(out), "--ckpt", str(ckpt), "--resume"], env=ENV,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.split("\n")
-    assert lines[0] == "naive exp 1 batch 1" and not any(l.startswith("growmem") for l in lines), lines[:3]
+    assert lines[0] == "naive exp 1 batch 1" and not any(l.startswith("net:") for l in lines), lines[:3]
     assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
     a, b = json.loads(ref_out.read_text()), json.loads(out.read_text())
-    assert [r["method"] for r in b] == ["growmem", "naive"] and all(r["resumed"] for r in b)
+    assert [r["method"] for r in b] == ["net:continual_growmem", "naive"] and all(r["resumed"] for r in b)
     for ra, rb in zip(a, b):
         for key in ("accuracy_matrix", "acc_stream_weighted_after", "bytes", "prequential_acc", "summary"):
             assert ra[key] == rb[key], (ra["method"], key)

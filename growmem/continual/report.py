@@ -37,9 +37,16 @@ def aggregate(runs: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
 
 def verdicts(summary: Dict[str, dict], reference: str, key: str = "acc_mean_over_experiences") -> Dict[str, str]:
     """``{method: "better" | "worse" | "tie" | "untested"}`` of each method against ``reference`` on ``key``
-    (:func:`growmem.reporting.compare`: beyond 2 standard errors of the difference, else a tie)."""
-    ref = summary[reference][key]["values"]
-    return {m: compare(agg[key]["values"], ref) for m, agg in summary.items() if m != reference and key in agg}
+    (:func:`growmem.reporting.compare`: beyond 2 standard errors of the difference, else a tie; paired by
+    seed when both ran the same seeds — the same stream and class order for both)."""
+    ref, ref_seeds = summary[reference][key]["values"], summary[reference]["seeds"]
+    out = {}
+    for m, agg in summary.items():
+        if m == reference or key not in agg:
+            continue
+        paired = agg["seeds"] == ref_seeds and len(agg[key]["values"]) == len(ref)
+        out[m] = compare(agg[key]["values"], ref, paired=paired)
+    return out
 
 
 def _fmt(agg: dict, key: str, scale: float = 1.0, digits: int = 3, unit: str = "") -> str:
