@@ -2,7 +2,8 @@
 // lanes, one per query of a group) and instantiated by each isa_*.cc inside an anonymous namespace
 // (compiled for that instruction set; nothing here has external linkage).
 //
-// V provides: W, RA (rows per score pass), JB (columns per accumulation pass), zero, set1, load,
+// V provides: W, RA and UA (rows and columns per step of a score pass), JB (columns per accumulation
+// pass), zero, set1, load,
 // store, load_n / store_n (the first n lanes), fma(a, b, c) = a·b + c, + − ·, max, exp, sum (of the
 // lanes), any_gt, keep (lanes < n, the rest 0 exactly), widen (bfloat16 bits -> float32).
 //
