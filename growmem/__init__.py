@@ -5,7 +5,7 @@ so that ``import growmem`` â€” and a ``growmem`` command line that is refused â€
 JAX to load."""
 import importlib
 
-__version__ = "0.1.0"
+from .version import __version__
 #: public name -> the module that defines it
 _NAMES = {"GrowingLayer": "layers", "GrowingSpec": "layers", "ParametricSoftmax": "layers",
           "ResidualGrowingNet": "layers", "ResidualMLP": "layers", "TeacherMLP": "layers", "ViT": "layers",

@@ -25,40 +25,7 @@ from typing import List, Optional
 
 
 from .errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad option as one line (no usage dump): ``growmem CMD: message``."""
-
-    def error(self, message):
-        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-
-def _finite(lo=None, lo_open=False, hi=None, hi_open=False, what="a number"):
-    """An argparse type: a finite float within the bounds."""
-    def parse(text):
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        ok = math.isfinite(v) and (lo is None or (v > lo if lo_open else v >= lo)) and \
-            (hi is None or (v < hi if hi_open else v <= hi))
-        if not ok:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return v
-    return parse
-
-
-def _int(lo, what):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return v
-    return parse
+from .options import _finite, _int, _Parser, check_folders, claim_folders  # noqa: F401  (shared with the commands)
 
 
 # ------------------------------------------------------------------------------------- sizes
@@ -239,41 +206,12 @@ def _has_checkpoint(directory) -> bool:
     return d.is_dir() and any(c.name.isdigit() for c in d.iterdir())
 
 
-def check_folders(kind: str, checkpoint_dir, resume: bool, out):
-    """--out and --checkpoint-dir as ``growmem <kind>`` may use them (:func:`growmem.locks.check_run_folder`:
-    not a file; a checkpoint folder no other command wrote; --resume over one that holds a run, a new run
-    over one that does not), checked without touching them; a refusal is a :class:`UsageError`."""
-    from .errors import CheckpointError
-    from .locks import check_run_folder
-
-    if resume and checkpoint_dir is None:
-        raise UsageError("--resume needs --checkpoint-dir")
-    try:
-        check_run_folder(out, option="--out")
-        if checkpoint_dir is not None:
-            check_run_folder(checkpoint_dir, kind, resume=resume)
-    except CheckpointError as e:
-        raise UsageError(str(e)) from None
-
-
 def check_train(args):
     """What ``growmem train`` can refuse before it imports or loads anything (no side effects):
     run by :func:`main` before the command (and before it re-executes itself)."""
     if args.resume_step is not None and not args.resume:
         raise UsageError("--resume-step needs --resume")
     check_folders("train", args.checkpoint_dir, args.resume, args.out)
-
-
-def claim_folders(kind: str, checkpoint_dir, resume: bool, out):
-    """:class:`growmem.locks.RunFolders` for a command: --out locked, --checkpoint-dir checked,
-    locked and marked ``kind``; a refusal is a :class:`UsageError`."""
-    from .errors import CheckpointError
-    from .locks import LockedError, RunFolders
-
-    try:
-        return RunFolders(kind, checkpoint_dir, resume=resume, out=out)
-    except (CheckpointError, LockedError) as e:
-        raise UsageError(str(e)) from None
 
 
 class _Interrupt:

@@ -270,7 +270,7 @@ def _unclaim(folder: str):
 
 def _write_mark(folder: str, kind: str):
     """The marker, written to a temporary file and renamed into place (never half-written)."""
-    from . import __version__
+    from .version import __version__
 
     doc = {"format": MARK_FORMAT, "version": MARK_VERSION, "kind": kind, "growmem_version": __version__,
            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

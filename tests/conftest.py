@@ -23,7 +23,10 @@ import fixture_data
 # user's $GROWMEM_DATA as it was, the project's shared copy and ~/.cache/growmem; the package itself never
 # assumes the shared folder.
 _SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-_REAL_ROOTS = [r for r in (os.environ.get("GROWMEM_DATA"), str(_SHARED_DATA),
+# the user's $GROWMEM_DATA before this file replaced it: kept in the environment, so the xdist workers
+# (which inherit the replaced one) still look where the user pointed and never at a generated folder
+os.environ.setdefault("GROWMEM_TESTS_USER_DATA", os.environ.get("GROWMEM_DATA", ""))
+_REAL_ROOTS = [r for r in (os.environ["GROWMEM_TESTS_USER_DATA"], str(_SHARED_DATA),
                            str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "growmem")) if r]
 FETCH_HINT = "needs the real MNIST files: run `growmem data download mnist` (or set GROWMEM_DATA to their folder)"
 

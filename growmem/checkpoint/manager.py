@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from .. import __version__, backends, locks
+from .. import backends, locks
+from ..version import __version__
 from .. import memory as memlib
 from ..backends.sharded import host_value
 from ..errors import CheckpointError, ConfigMismatchError, CorruptCheckpointError, IncompatibleVersionError

@@ -104,7 +104,7 @@ def seeds(text: str) -> List[int]:
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``continual`` on an ``argparse`` subparsers object (``growmem/cli.py``)."""
-    from growmem.cli import _int
+    from growmem.options import _int
 
     from .errors import EXTRA_INSTALL
 
@@ -169,9 +169,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def check_continual(args):
-    """What needs the folders, before anything is imported or written (``growmem.cli.check_folders``):
+    """What needs the folders, before anything is imported or written (``growmem.options.check_folders``):
     a --checkpoint-dir another command wrote, or with --resume one that holds no run; --out."""
-    from growmem.cli import check_folders
+    from growmem.options import check_folders
 
     check_folders("continual", args.checkpoint_dir, args.resume, args.out)
 
@@ -204,9 +204,10 @@ def runner_kwargs(args) -> dict:
 
 
 def cmd_continual(args) -> int:
-    """Claims --out and --checkpoint-dir (``growmem.cli.claim_folders``: a second run writing the
+    """Claims --out and --checkpoint-dir (``growmem.options.claim_folders``: a second run writing the
     same results at the same time is refused at once), then imports torch and Avalanche and runs."""
-    from growmem.cli import UsageError, claim_folders
+    from growmem.errors import UsageError
+    from growmem.options import claim_folders
 
     from .errors import (DatasetNotFoundError, InputShapeError, MissingExtraError, UnknownNameError,
                          require_avalanche)
@@ -235,7 +236,8 @@ def cmd_continual(args) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m growmem.continual.cli``: ``growmem continual`` alone; a failure is one line
     (``SystemExit`` with the message)."""
-    from growmem.cli import UsageError, _Parser
+    from growmem.errors import UsageError
+    from growmem.options import _Parser
     from growmem.errors import GrowmemError
 
     ap = _Parser(prog="growmem")
