@@ -87,8 +87,7 @@ def cmd_repro(args) -> int:
     except NonFiniteLossError as e:
         return _fail(f"{args.name} --preset {args.preset}: {e}; nothing was written", 1)
     s = doc["summary"]
-    claim = s.get("claim_reproduced")
-    print(f"{args.name} [{args.preset}] in {doc['seconds']:.0f} s: "
-          + (f"claim reproduced: {claim}" if claim is not None else "done"))
+    print(f"{args.name} [{args.preset}] in {doc['seconds']:.0f} s over {len(s['seeds'])} seeds: "
+          f"{core.verdict({'verdict': s['verdict'], 'n_needed': s.get('n_needed')})}")
     print(f"wrote {doc['paths']['json']} and {doc['paths']['png']}")
     return 0

@@ -252,6 +252,19 @@ def images_for(cfg: dict, ctx: "Context", *, seed: int = 0) -> Images:
         return synthetic_images(cfg["n_train"], cfg["n_test"], d=cfg.get("d", 256), seed=seed)
     return load_images(cfg["dataset"], cfg.get("n_train"), cfg.get("n_test"), data_dir=ctx.data_dir, seed=seed)
 
+class SeededImages:
+    """``data(seed)``: :func:`images_for` of one seed (its random subset and order; for generated data
+    its draw), the last one kept so that a loop over models within a seed loads the data once."""
+
+    def __init__(self, cfg: dict, ctx: "Context"):
+        self.cfg, self.ctx, self._seed, self._data = cfg, ctx, None, None
+
+    def __call__(self, seed: int) -> Images:
+        if self._seed != seed:
+            self._data, self._seed = None, None
+            self._data, self._seed = images_for(self.cfg, self.ctx, seed=seed), seed
+        return self._data
+
 
 # ------------------------------------------------------------------------------------------ running
 
@@ -362,15 +375,32 @@ class LossWatch:
 
 
 def sweep(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict], dict], *,
-          score: str = "accuracy", steps: int = 0, higher: bool = True) -> dict:
+          score: str = "accuracy", steps: int = 0, higher: bool = True, extend: Optional[dict] = None,
+          reasons: Optional[Dict[str, str]] = None) -> dict:
     """Run ``fn(hyper)`` for every configuration of ``grid`` (cached; see :meth:`Context.cached`)
     and keep the best by ``score`` (the paper's selection, App. F.1: the hyperparameters that
     maximise the plotted metric). A configuration whose loss diverges is recorded with its
     message and skipped; when every one diverges the sweep raises that
-    :class:`~growmem.train.NonFiniteLossError`. -> ``{"best", "runs"}``."""
+    :class:`~growmem.train.NonFiniteLossError`.
+
+    ``extend = {axis: steps}`` (or ``{axis: {"steps": n, "scale": "log" | "log1m"}}``): while the
+    best value of that axis sits at an end of the values tried, one more value beyond that end is
+    tried (the best configuration with only that axis changed; the next value continues the
+    geometric spacing of the two end values — of ``1 − v`` for ``"log1m"``, a momentum), at most
+    ``steps`` times per end. ``grid_edges`` (:func:`grid_edges`) then says, for every axis whose best
+    value still sits at an end, why: the next value diverged, the extension limit, a bound, or
+    ``reasons[axis]`` (the preset's reason for not extending it).
+    -> ``{"best", "runs", "edges"}``."""
     from ..train import NonFiniteLossError
-    runs, first_error = [], None
-    for hp in grid:
+    runs, first_error, seen = [], None, set()
+    extend = {k: (v if isinstance(v, dict) else {"steps": int(v)}) for k, v in (extend or {}).items()}
+
+    def run_one(hp):
+        nonlocal first_error
+        key = json.dumps(hp, sort_keys=True, default=str)
+        if key in seen:
+            return next(r for r in runs if json.dumps(r["hyper"], sort_keys=True, default=str) == key)
+        seen.add(key)
         ctx.status(f"{model} {hp}")
 
         def one(hp=hp):
@@ -383,12 +413,120 @@ def sweep(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict], d
         if "diverged" in r:
             first_error = first_error or r["diverged"]
         runs.append(r)
-    ok = [r for r in runs if "diverged" not in r and r.get(score) is not None and math.isfinite(r[score])]
-    if not ok:
-        raise NonFiniteLossError(f"{model}: every configuration diverged ({len(runs)} tried); the first: "
-                                 f"{first_error}")
-    best = (max if higher else min)(ok, key=lambda r: r[score])
-    return {"best": best, "runs": runs}
+        return r
+
+    def finite(r):
+        return "diverged" not in r and r.get(score) is not None and math.isfinite(r[score])
+
+    def best_of():
+        ok = [r for r in runs if finite(r)]
+        if not ok:
+            raise NonFiniteLossError(f"{model}: every configuration diverged ({len(runs)} tried); the first: "
+                                     f"{first_error}")
+        return (max if higher else min)(ok, key=lambda r: r[score])
+
+    for hp in grid:
+        run_one(dict(hp))
+    extended = {(axis, side): 0 for axis in extend for side in ("low", "high")}
+    stopped: Dict[Tuple[str, str], str] = {}
+    while True:
+        best = best_of()
+        proposals = []
+        for axis, spec in extend.items():
+            values = _axis_values(runs, axis)
+            v = best["hyper"].get(axis)
+            if len(values) < 2 or not _numeric(v):
+                continue
+            for side, end, nb in (("low", values[0], values[1]), ("high", values[-1], values[-2])):
+                if v != end or (axis, side) in stopped:
+                    continue
+                if extended[(axis, side)] >= spec["steps"]:
+                    stopped[(axis, side)] = f"the extension limit ({spec['steps']} values beyond the grid) was reached"
+                    continue
+                nxt = _next_value(end, nb, spec.get("scale", "log"))
+                if nxt is None:
+                    stopped[(axis, side)] = f"{end:g} is the bound of {axis}"
+                    continue
+                proposals.append((axis, side, nxt))
+        if not proposals:
+            break
+        for axis, side, nxt in proposals:
+            extended[(axis, side)] += 1
+            r = run_one({**best["hyper"], axis: nxt})
+            if not finite(r):
+                stopped[(axis, side)] = f"{axis} = {nxt:g} beyond it diverged (the best sits at the stability edge)"
+    best = best_of()
+    edges = grid_edges(runs, best, reasons=reasons, stopped=stopped, extended=extended)
+    return {"best": best, "runs": runs, "edges": edges}
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _axis_values(runs: Sequence[dict], axis: str) -> List[float]:
+    return sorted({r["hyper"][axis] for r in runs if _numeric(r["hyper"].get(axis))})
+
+
+def _next_value(end: float, neighbour: float, scale: str) -> Optional[float]:
+    """The value beyond ``end`` continuing the spacing from ``neighbour`` (geometric; of ``1 − v`` for
+    ``"log1m"``); None at a bound (0, or 1 for ``log1m``)."""
+    if scale == "log1m":
+        a, b = 1.0 - end, 1.0 - neighbour
+        if a <= 0 or b <= 0:
+            return None
+        return float(f"{1.0 - a * a / b:.6g}")
+    if scale != "log":
+        raise ReproError(f"extension scale must be 'log' or 'log1m', got {scale!r}")
+    if end <= 0 or neighbour <= 0:
+        return None
+    return float(f"{end * end / neighbour:.6g}")
+
+
+def grid_edges(runs: Sequence[dict], best: dict, *, reasons: Optional[Dict[str, str]] = None,
+               stopped: Optional[dict] = None, extended: Optional[dict] = None) -> Dict[str, dict]:
+    """``{axis: {"value", "edge": "low" | "high", "values", "extended", "reason"}}`` for every numeric
+    axis with at least two finished values whose best value is the smallest or largest of them (an
+    optimum the grid may not contain), each with why it was left there: a value beyond it diverged,
+    the extension limit or a bound was reached, or ``reasons[axis]``."""
+    finished = [r for r in runs if "diverged" not in r]
+    out = {}
+    for axis in sorted(best["hyper"]):
+        v = best["hyper"][axis]
+        values = _axis_values(finished, axis)
+        if not _numeric(v) or len(values) < 2 or v not in (values[0], values[-1]):
+            continue
+        side = "low" if v == values[0] else "high"
+        beyond = [r["hyper"][axis] for r in runs if "diverged" in r and _numeric(r["hyper"].get(axis))
+                  and (r["hyper"][axis] < v if side == "low" else r["hyper"][axis] > v)]
+        why = (stopped or {}).get((axis, side))
+        if why is None and beyond:
+            nearest = max(beyond) if side == "low" else min(beyond)
+            why = f"{axis} = {nearest:g} beyond it diverged (the best sits at the stability edge)"
+        if why is None:
+            why = (reasons or {}).get(axis, "not extended in this preset")
+        n_ext = (extended or {}).get((axis, side), 0)
+        out[axis] = {"value": v, "edge": side, "values": values, "extended": n_ext, "reason": why}
+    return out
+
+
+def select_and_seed(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict, int], dict],
+                    seeds: Sequence[int], *, score: str = "accuracy", steps: int = 0, higher: bool = True,
+                    extend: Optional[dict] = None, reasons: Optional[Dict[str, str]] = None) -> dict:
+    """The hyperparameters chosen by :func:`sweep` on the first seed, then that configuration run on
+    every other seed (cached): ``{"best" (the chosen run of the first seed), "hyper", "edges",
+    "runs" (the sweep), "by_seed": [result per seed, in ``seeds`` order], "selected_on": seed}``.
+    The first seed's value is the selected one, so it is biased up a little; every model of an
+    experiment is selected the same way."""
+    seeds = list(seeds)
+    sw = sweep(ctx, model, grid, lambda hp: fn(hp, seeds[0]), score=score, steps=steps, higher=higher,
+               extend=extend, reasons=reasons)
+    hp = sw["best"]["hyper"]
+    by_seed = [sw["best"]]
+    for s in seeds[1:]:
+        by_seed.append(ctx.cached([model, "seed", s, hp], lambda s=s: {"hyper": hp, **fn(hp, s)}, steps))
+    return {"best": sw["best"], "hyper": hp, "edges": sw["edges"], "runs": sw["runs"], "by_seed": by_seed,
+            "selected_on": seeds[0]}
 
 
 def accuracy(predict: Callable, x, y, batch: int = 1000) -> float:
@@ -406,22 +544,178 @@ def grid(spec: dict) -> List[dict]:
     return [dict(zip(keys, vals)) for vals in itertools.product(*(spec[k] for k in keys))]
 
 
-def ordering(values: Dict[str, Optional[float]], winners: Sequence[str], losers: Sequence[str],
-             higher: bool = True) -> bool:
-    """Whether every one of ``winners`` beats every one of ``losers`` (a missing value: False)."""
-    try:
-        w = [values[k] for k in winners]
-        l = [values[k] for k in losers]
-    except KeyError:
-        return False
-    if any(v is None for v in w + l):
-        return False
-    return min(w) > max(l) if higher else max(w) < min(l)
+# ------------------------------------------------------------------------------------------ verdicts
+#
+# Every claim is decided from per-seed values by one rule: *reproduced* only if the claimed ordering
+# holds beyond K_SE standard errors of the difference, *contradicted* if the opposite holds beyond
+# K_SE standard errors, otherwise *inconclusive* — with the number of seeds at which the present mean
+# difference would lie K_SE standard errors from zero (``n_needed``), where that can be estimated.
+# The comparison itself is :func:`growmem.reporting.compare`.
+
+#: how many standard errors of the difference a claimed ordering must hold by
+K_SE = 2.0
+#: the fewest seeds a ``cpu`` or ``paper`` preset runs (the paper reports 5, App. F)
+MIN_SEEDS = 3
+REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE)
 
 
-def verdict(ok) -> str:
-    """The README table's word for a claim's ordering."""
-    return "reproduced" if ok else "NOT reproduced"
+def _values(v) -> Optional[List[float]]:
+    """Per-seed values as floats (a scalar is one value; None stays None)."""
+    if v is None:
+        return None
+    if isinstance(v, dict) and "values" in v:
+        v = v["values"]
+    if isinstance(v, (int, float)):
+        v = [v]
+    return [float(x) for x in v]
+
+
+def seeds_needed(a: Sequence[float], b: Sequence[float], *, paired: bool = True, k: float = K_SE) -> Optional[int]:
+    """The number of seeds (per side) at which ``mean(a) − mean(b)`` — assumed to stay what it is, with
+    the same spread — would be ``k`` standard errors of the difference from zero:
+    ``⌈k² s² / d²⌉``, ``s`` the standard deviation of the per-seed differences (paired) or
+    ``√(s_a² + s_b²)`` (unpaired). None when it cannot be estimated: fewer than two values on a side,
+    no difference at all, or no spread (then the means alone decide)."""
+    from ..reporting import mean_std
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if paired:
+        diffs = [x - y for x, y in zip(a, b)]
+        d, s2 = mean_std(diffs)["mean"], mean_std(diffs)["std"] ** 2
+    else:
+        d = mean_std(a)["mean"] - mean_std(b)["mean"]
+        s2 = mean_std(a)["std"] ** 2 + mean_std(b)["std"] ** 2
+    if d == 0 or s2 == 0:
+        return None
+    return int(math.ceil(k * k * s2 / (d * d)))
+
+
+def beats(a, b, *, margin: float = 0.0, higher: bool = True, paired: bool = True, k: float = K_SE,
+          names: Tuple[str, str] = ("a", "b")) -> dict:
+    """Whether ``a`` beats ``b`` by more than ``margin`` (higher values when ``higher``, lower otherwise),
+    decided by :func:`growmem.reporting.compare` on per-seed values: ``{"a", "b", "margin", "higher",
+    "difference" (mean a − mean b), "comparison", "verdict", "n", "n_needed"}``. A scalar ``b`` is a
+    fixed reference (every seed compared with it); ``margin`` is in the units of the values and
+    counts in the claim's direction (``a`` must exceed ``b + margin``, or fall below ``b − margin``)."""
+    from ..reporting import compare, mean_std
+    av, bv = _values(a), _values(b)
+    part = {"a": names[0], "b": names[1], "margin": margin, "higher": higher, "paired": paired}
+    if not av or not bv:
+        return {**part, "difference": None, "comparison": "untested", "verdict": INCONCLUSIVE, "n": 0,
+                "n_needed": None, "why": "a value is missing"}
+    if len(bv) == 1 and len(av) > 1:   # a fixed reference number
+        bv = bv * len(av)
+    if paired and len(av) != len(bv):
+        raise ValueError(f"{names[0]} vs {names[1]}: a paired comparison needs one value per seed on both sides, "
+                         f"got {len(av)} and {len(bv)}")
+    shifted = [x - margin for x in av] if higher else [x + margin for x in av]
+    cmp = compare(shifted, bv, higher=higher, k=k, paired=paired)
+    verdict = {"better": REPRODUCED, "worse": CONTRADICTED}.get(cmp, INCONCLUSIVE)
+    n = min(len(av), len(bv))
+    need = None
+    if verdict == INCONCLUSIVE:
+        need = seeds_needed(shifted, bv, paired=paired, k=k)
+        if need is not None:
+            need = max(need, n + 1)
+    return {**part, "difference": mean_std(av)["mean"] - mean_std(bv)["mean"], "comparison": cmp,
+            "verdict": verdict, "n": n, "n_needed": need}
+
+
+def combine(parts: Sequence[dict], *, rule: str, claim: str = "", mode: str = "all") -> dict:
+    """One claim from its parts. ``mode="all"`` (every part must hold): *reproduced* when every part
+    is, *contradicted* when any part is, else *inconclusive*; ``mode="any"`` (some part must hold):
+    *reproduced* when any part is, *contradicted* when every part is, else *inconclusive*.
+    ``n_needed``: the largest estimate among the undecided parts (None when any of them has none)."""
+    verdicts = [p["verdict"] for p in parts]
+    if not parts:
+        verdict = INCONCLUSIVE
+    elif mode == "all":
+        verdict = (REPRODUCED if all(v == REPRODUCED for v in verdicts)
+                   else CONTRADICTED if CONTRADICTED in verdicts else INCONCLUSIVE)
+    elif mode == "any":
+        verdict = (REPRODUCED if REPRODUCED in verdicts
+                   else CONTRADICTED if all(v == CONTRADICTED for v in verdicts) else INCONCLUSIVE)
+    else:
+        raise ValueError(f"mode must be 'all' or 'any', got {mode!r}")
+    need = None
+    if verdict == INCONCLUSIVE:
+        open_ = [p for p in parts if p["verdict"] == INCONCLUSIVE]
+        ests = [p.get("n_needed") for p in open_]
+        need = max(ests) if open_ and all(e is not None for e in ests) else None
+    return {"claim": claim, "rule": rule, "verdict": verdict, "n_needed": need, "parts": list(parts)}
+
+
+def ordering(values: Dict[str, Any], winners: Sequence[str], losers: Sequence[str], *, higher: bool = True,
+             margin: float = 0.0, paired: bool = True, k: float = K_SE, claim: str = "") -> dict:
+    """The claim "every one of ``winners`` beats every one of ``losers``" on per-seed ``values``
+    (``{name: [value per seed]}``, in the same seed order for every name), decided part by part
+    with :func:`beats` and combined with :func:`combine` (all parts must hold)."""
+    parts = [beats(values.get(w), values.get(l), margin=margin, higher=higher, paired=paired, k=k, names=(w, l))
+             for w in winners for l in losers]
+    side = "higher" if higher else "lower"
+    rule = (f"each of {', '.join(winners)} {side} than each of {', '.join(losers)}"
+            + (f" by more than {margin:g}" if margin else "") + f", beyond {k:g} standard errors"
+            + (" (paired by seed)" if paired else ""))
+    return combine(parts, rule=rule, claim=claim)
+
+
+def within(a, b, tolerance: float, *, paired: bool = True, k: float = K_SE, names=("a", "b"), claim: str = "") -> dict:
+    """The claim "``a`` lies within ± ``tolerance`` of ``b``": *reproduced* when ``a`` is both above
+    ``b − tolerance`` and below ``b + tolerance`` beyond ``k`` standard errors, *contradicted* when it
+    is outside that band beyond ``k`` standard errors on either side, else *inconclusive*."""
+    above = beats(a, b, margin=-tolerance, higher=True, paired=paired, k=k, names=names)
+    below = beats(a, b, margin=-tolerance, higher=False, paired=paired, k=k, names=names)
+    parts = [above, below]
+    if CONTRADICTED in (above["verdict"], below["verdict"]):
+        verdict = CONTRADICTED
+    elif above["verdict"] == below["verdict"] == REPRODUCED:
+        verdict = REPRODUCED
+    else:
+        verdict = INCONCLUSIVE
+    open_ = [p.get("n_needed") for p in parts if p["verdict"] == INCONCLUSIVE]
+    need = max(open_) if verdict == INCONCLUSIVE and open_ and None not in open_ else None
+    return {"claim": claim, "rule": f"{names[0]} within ± {tolerance:g} of {names[1]}, beyond {k:g} standard errors",
+            "verdict": verdict, "n_needed": need, "parts": parts}
+
+
+def overall(claims: Dict[str, dict]) -> dict:
+    """An experiment's verdict from its claims (all must hold; see :func:`combine`)."""
+    return combine([{"verdict": c["verdict"], "n_needed": c.get("n_needed")} for c in claims.values()],
+                   rule="every claim", mode="all")
+
+
+def verdict(claim) -> str:
+    """The README table's words for a claim: *reproduced*, *contradicted* or *inconclusive at this size*
+    (with the seeds that would decide it, where that can be estimated)."""
+    if claim is None:
+        return "not decided"
+    v = claim["verdict"] if isinstance(claim, dict) else claim
+    if v == REPRODUCED:
+        return "reproduced"
+    if v == CONTRADICTED:
+        return "contradicted"
+    need = claim.get("n_needed") if isinstance(claim, dict) else None
+    return "inconclusive at this size" + (f" (≈ {need} seeds would decide it)" if need else "")
+
+
+def metric(values: Sequence[float]) -> dict:
+    """Mean ± sample std over seeds (:func:`growmem.reporting.mean_std`)."""
+    from ..reporting import mean_std
+    return mean_std([float(v) for v in values])
+
+
+def pm(m: dict, scale: float = 100.0, digits: int = 2, unit: str = " %") -> str:
+    """``"mean ± std unit"`` of a :func:`metric` (percent by default)."""
+    return f"{scale * m['mean']:.{digits}f} ± {scale * m['std']:.{digits}f}{unit}"
+
+
+def seeds_of(cfg: dict) -> List[int]:
+    """The preset's seeds (``cfg["seeds"]``)."""
+    seeds = [int(s) for s in cfg["seeds"]]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ReproError(f"seeds must be distinct integers, got {cfg['seeds']!r}")
+    return seeds
 
 
 def pct(x: Optional[float], digits: int = 2) -> str:
@@ -440,6 +734,10 @@ def write_results(exp: Experiment, preset: str, cfg: dict, payload: dict, out: P
     from ..reporting import pyplot, save_figure, write_json
     if "summary" not in payload:
         raise RuntimeError(f"{exp.name}: run() returned no summary")
+    missing = [k for k in ("seeds", "metrics", "claims", "verdict") if k not in payload["summary"]]
+    if missing:
+        raise RuntimeError(f"{exp.name}: run()'s summary lacks {missing} (every experiment reports its seeds, "
+                           f"per-metric mean/std and its claims' verdicts)")
     doc = {"experiment": exp.name, "preset": preset, "paper": exp.paper, "claim": exp.claim,
            "summary": payload["summary"], "command": command, "config": cfg, "notes": list(notes),
            "seconds": seconds, **{k: v for k, v in payload.items() if k != "summary"}}

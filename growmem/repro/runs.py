@@ -204,17 +204,30 @@ def residual_mlp(cfg: dict, data: Images):
                        activation=cfg.get("activation", "gelu"))
 
 
+def run_mlp(ctx: Context, data: Images, optimizer: str, hyper: dict, *, mlp: dict, batch: int, epochs: int = 1,
+            seed: int = 0, label: str = None, **kw) -> Dict:
+    """The residual MLP (:func:`residual_mlp`) trained with ``optimizer`` at ``hyper``
+    (:func:`mlp_optimizer`) by :func:`run_parametric`; the result carries its ``hyper``."""
+    steps = epochs * (len(data.x) // batch)
+    model = residual_mlp(mlp, data)
+    tx = mlp_optimizer(optimizer, hyper, steps=steps)
+    return {"hyper": hyper, **run_parametric(ctx, model, tx, data, batch=batch, epochs=epochs, seed=seed,
+                                             label=label or f"mlp_{optimizer}", **kw)}
+
+
 def mlp_sweep(ctx: Context, data: Images, optimizer: str, hypers, *, mlp: dict, batch: int, epochs: int = 1,
-              seed: int = 0, key: str = None, **kw) -> Dict:
+              seed: int = 0, key: str = None, extend: Optional[dict] = None, reasons: Optional[dict] = None,
+              **kw) -> Dict:
     """The residual MLP trained with ``optimizer`` for every configuration of ``hypers`` (a list
-    of dicts); the best by final test accuracy (App. F.1). See :func:`growmem.repro.core.sweep`."""
+    of dicts); the best by final test accuracy (App. F.1), the grid extended along the axes of
+    ``extend`` while the best sits at an end. See :func:`growmem.repro.core.sweep`."""
     from .core import sweep
     steps = epochs * (len(data.x) // batch)
 
     def one(hp):
-        model = residual_mlp(mlp, data)
-        tx = mlp_optimizer(optimizer, hp, steps=steps)
-        return run_parametric(ctx, model, tx, data, batch=batch, epochs=epochs, seed=seed,
-                              label=key or f"mlp_{optimizer}", **kw)
+        r = run_mlp(ctx, data, optimizer, hp, mlp=mlp, batch=batch, epochs=epochs, seed=seed,
+                    label=key or f"mlp_{optimizer}", **kw)
+        r.pop("hyper")
+        return r
 
-    return sweep(ctx, key or f"mlp_{optimizer}", hypers, one, steps=steps)
+    return sweep(ctx, key or f"mlp_{optimizer}", hypers, one, steps=steps, extend=extend, reasons=reasons)

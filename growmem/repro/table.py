@@ -1,5 +1,12 @@
-"""The README table — claim | paper number | number measured here | command — rendered from the
-JSONs ``growmem repro`` wrote (``growmem repro --table`` regenerates ``README_TABLE.md``)."""
+"""The README table — experiment | claim | paper | measured here (mean ± std over seeds) | seeds |
+verdict | command — rendered from the JSONs ``growmem repro`` wrote (``growmem repro --table``
+regenerates ``README_TABLE.md``).
+
+Each experiment's ``table(doc)`` gives ``(claim, paper number, measured, claim record)`` rows; the
+verdict column is :func:`growmem.repro.core.verdict` of that record (the rule of
+:mod:`growmem.repro.core`: reproduced / contradicted beyond 2 standard errors, else inconclusive
+with the seeds that would decide it). A JSON written before experiments ran several seeds (no
+``summary.metrics``) is listed as such, not given a verdict."""
 from __future__ import annotations
 
 import json
@@ -7,16 +14,18 @@ from pathlib import Path
 from typing import List, Tuple
 
 from . import get, names
-from .core import DEFAULT_OUT
+from .core import DEFAULT_OUT, verdict
+
+HEADER = ("experiment", "claim", "paper", "measured here (mean ± std over seeds)", "seeds", "verdict", "command")
 
 
 def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def rows(out=DEFAULT_OUT) -> List[Tuple[str, str, str, str, str]]:
-    """``(experiment, claim, paper, measured, command)`` for every experiment with a JSON in ``out``
-    (in the registry's order); a JSON of the smoke preset is marked as not a measurement."""
+def rows(out=DEFAULT_OUT) -> List[Tuple[str, ...]]:
+    """One tuple per claim (``HEADER``'s columns) for every experiment with a JSON in ``out`` (in the
+    registry's order); a JSON of the smoke preset is marked as not a measurement."""
     found = []
     for name in names():
         path = Path(out) / f"{name}.json"
@@ -25,22 +34,28 @@ def rows(out=DEFAULT_OUT) -> List[Tuple[str, str, str, str, str]]:
         doc = json.loads(path.read_text())
         exp = get(name)
         preset = doc.get("preset", "?")
-        for claim, paper, measured in exp.table(doc):
+        cmd = f"`{doc.get('command', '')}`"
+        if "metrics" not in doc["summary"]:   # written before the experiments ran several seeds
+            found.append((name, exp.claim, "—", "a single-seed result of an earlier version of this experiment",
+                          "1", "not decided: rerun the command", cmd))
+            continue
+        n = str(len(doc["summary"]["seeds"]))
+        for claim, paper, measured, record in exp.table(doc):
             if preset == "smoke":
                 measured = f"(smoke preset: a pipeline check, not a measurement) {measured}"
             elif preset != "cpu":
                 measured = f"({preset} preset) {measured}"
-            found.append((name, claim, paper, measured, f"`{doc.get('command', '')}`"))
+            found.append((name, claim, paper, measured, n, verdict(record), cmd))
     return found
 
 
 def render(out=DEFAULT_OUT) -> str:
     """The markdown table (and a line per experiment without results)."""
-    lines = ["| experiment | claim | paper | measured here | command |", "|---|---|---|---|---|"]
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     have = set()
-    for name, claim, paper, measured, cmd in rows(out):
-        have.add(name)
-        lines.append("| " + " | ".join(_cell(c) for c in (name, claim, paper, measured, cmd)) + " |")
+    for row in rows(out):
+        have.add(row[0])
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     missing = [n for n in names() if n not in have]
     if missing:
         lines += ["", "Not run here (no JSON in this folder): " + ", ".join(f"`{n}`" for n in missing) + "."]
