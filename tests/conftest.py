@@ -39,6 +39,20 @@ def _make_fixture_data() -> Path:
     return root
 
 
+def _compilation_cache() -> None:
+    """One persistent XLA compilation cache for the whole run — this process, the xdist workers and every
+    subprocess a test starts inherit it — so a program compiled once (a train step, a CLI's model) is
+    loaded, not compiled again, by the next test or interpreter that needs it. A fresh folder per run,
+    removed at exit (a user's own $JAX_COMPILATION_CACHE_DIR is kept as it is)."""
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        d = tempfile.mkdtemp(prefix="growmem-test-xla-cache-")
+        atexit.register(shutil.rmtree, d, ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = d
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+_compilation_cache()
 FIXTURE_DATA = _make_fixture_data()
 os.environ["GROWMEM_DATA"] = str(FIXTURE_DATA)
 os.environ["GROWMEM_DATA_CHECKSUMS"] = str(FIXTURE_DATA / "checksums.json")
