@@ -26,6 +26,7 @@ the difference (:func:`growmem.reporting.compare`), else a tie.
     python benchmarks/continual.py --preset smoke                 # seconds (run by the tests, generated data)
     python benchmarks/continual.py --preset cpu --streams split_mnist --methods target:dct,knn:dct --merge
     python benchmarks/continual.py --preset cpu                   # everything (many hours on 2 cores)
+    python benchmarks/continual.py --preset cpu --combine A/continual.json B/continual.json   # runs made apart
 
 ``--merge`` adds the runs of this invocation to the JSON already in ``--out`` (replacing runs of the same
 stream, method and seed), so a ``cpu`` run can be split by stream, method or seed; ``invocations`` records
@@ -65,7 +66,10 @@ PRESETS = {
                                              "permuted_mnist": dict(n_experiences=3, train_limit=500, test_limit=200),
                                              "rotated_mnist": dict(n_experiences=3, train_limit=500, test_limit=200)},
                   sweep=[5_000_000], iid=True, epochs_cap=2),
-    "cpu": dict(seeds=[1, 2, 3], stream_options={s: {} for s in STREAMS}, sweep=[2_000_000, 5_000_000, 10_000_000],
+    # Permuted- and Rotated-MNIST: their first 5 experiences (of 10) on 2 cores; the paper preset runs all 10
+    "cpu": dict(seeds=[1, 2, 3], stream_options={"split_mnist": {}, "permuted_mnist": {"n_experiences": 5},
+                                                 "rotated_mnist": {"n_experiences": 5}},
+                sweep=[2_000_000, 5_000_000, 10_000_000],
                 iid=True, epochs_cap=None),
     "paper": dict(seeds=[1, 2, 3, 4, 5], stream_options={s: {} for s in STREAMS},
                   sweep=[2_000_000, 5_000_000, 10_000_000], iid=True, epochs_cap=None),
@@ -178,6 +182,9 @@ def main(argv=None):
     ap.add_argument("--no-sweep", action="store_true", help="skip the accuracy-against-bytes sweep")
     ap.add_argument("--no-iid", action="store_true", help="skip the shuffled-stream runs of growmem's methods")
     ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
+    ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="merge these continual.json files (run apart, e.g. at once in two folders) into --out, "
+                         "run nothing else, and summarise them together")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -196,6 +203,13 @@ def main(argv=None):
     budget = parse_size(args.memory_budget)
     t0 = time.perf_counter()
     new_runs, sweep_runs, iid_runs = [], [], []
+    combined = {"runs": [], "sweep_runs": [], "iid_runs": [], "invocations": []}
+    for other in map(lambda p: json.loads(Path(p).read_text()), args.combine or []):
+        for k in ("runs", "sweep_runs", "iid_runs"):
+            combined[k] = _merge(combined[k], other.get(k, []))
+        combined["invocations"] += other.get("invocations", [])
+    if args.combine:
+        streams = []
 
     def run(stream, methods, run_seeds, run_budget, options, settings):
         epochs = None
@@ -232,6 +246,9 @@ def main(argv=None):
 
     path = args.out / "continual.json"
     old = json.loads(path.read_text()) if (args.merge and path.is_file()) else {}
+    if args.combine:
+        old = {k: _merge(old.get(k, []), combined[k]) for k in ("runs", "sweep_runs", "iid_runs")} | \
+            {"invocations": old.get("invocations", []) + combined["invocations"]}
     runs = _merge(old.get("runs", []), new_runs)
     sweep_all = _merge(old.get("sweep_runs", []), [dict(r, method=f"{r['method']}@{r['budget']}") for r in sweep_runs])
     iid_all = _merge(old.get("iid_runs", []), iid_runs)

@@ -49,7 +49,7 @@ GRIDS = {
     "target:dct": _over(**{"keys.n": [8, 10, 12], "keys.deskew": [True, False]}),
     "target:subspaces": _over(**{"keys.dim": [20, 30], "keys.rho": [0.5, 0.6]}),
     "net:replay_dct": _over(**{"readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
-    "net:replay_proj": _over(**{"readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
+    "net:replay_proj": _over(**{"model.n_blocks": [0, 1], "readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
     "net:drift_discount": [g for g in _over(**{"policy.0.factor": [1.0, 0.3], "policy.0.gamma": [0.0, 0.003, 0.01],
                                                "policy.0.threshold": [0.1, 0.25, 0.5]})
                            if not (g["overrides"]["policy.0.factor"] == 1.0 and g["overrides"]["policy.0.gamma"] == 0)],
@@ -80,7 +80,10 @@ PRESETS = {
         "drifting_teacher": dict(n_experiences=2, train_limit=200)}, grid_limit=2, epochs_cap=2),
     # target:subspaces and net:replay_proj train for 20-40 min per run on a whole Permuted-MNIST stream: their
     # grids run on the first 3 experiences (all their images); everything else on the whole stream
-    "cpu": dict(stream_options={s: {} for s in STREAMS}, grid_limit=None, epochs_cap=None,
+    # Permuted- and Rotated-MNIST: their first 5 experiences (of 10) on 2 cores; the paper preset runs all 10
+    "cpu": dict(stream_options={"split_mnist": {}, "permuted_mnist": {"n_experiences": 5},
+                                "rotated_mnist": {"n_experiences": 5}, "drifting_teacher": {}},
+                grid_limit=None, epochs_cap=None,
                 method_options={"target:subspaces": {"n_experiences": 3}, "net:replay_proj": {"n_experiences": 3}}),
 }
 

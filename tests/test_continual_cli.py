@@ -60,14 +60,18 @@ def _bench_module(name="continual"):
 
 def test_benchmark_smoke_writes_the_summary_of_every_stream_and_method(tmp_path):
     bench = _bench_module()
-    bench.main(["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json")])
+    # Rotated-MNIST runs Permuted-MNIST's methods on another transform of the same images: its stream with
+    # one learner and one strategy is checked at the end (--merge)
+    bench.main(["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json"),
+                "--streams", "split_mnist,permuted_mnist"])
     doc = json.loads((tmp_path / "continual.json").read_text())
     for png in ("continual.png", "continual_stream.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     budget = doc["config"]["budget_bytes"]
     assert budget == 15_700_000
     runs = {(r["stream"], r["method"], r["seed"]): r for r in doc["runs"]}
-    for stream in ("split_mnist", "permuted_mnist", "rotated_mnist"):
+    assert list(doc["summary"]) == ["split_mnist", "permuted_mnist"]
+    for stream in ("split_mnist", "permuted_mnist"):
         s = doc["summary"][stream]
         assert list(s) == [m for m in bench.METHODS[stream] if m not in bench.ONE_SEED] + list(bench.ONE_SEED)
         for m, r in s.items():
@@ -91,6 +95,11 @@ def test_benchmark_smoke_writes_the_summary_of_every_stream_and_method(tmp_path)
     # with one seed nothing is called better or worse
     assert all(r["vs_reference"] is None for r in doc["summary"]["split_mnist"].values())
     assert doc["invocations"][-1]["command"].startswith("python benchmarks/continual.py --preset smoke")
+    bench.main(["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json"),
+                "--streams", "rotated_mnist", "--methods", "knn:raw,naive", "--no-sweep", "--merge"])
+    rot = json.loads((tmp_path / "continual.json").read_text())["summary"]
+    assert list(rot) == ["split_mnist", "permuted_mnist", "rotated_mnist"] and list(rot["rotated_mnist"]) == ["knn:raw", "naive"]
+    assert all(0 < r["accuracy_mean"] <= 1 and r["seeds"] == 1 for r in rot["rotated_mnist"].values())
 
 
 def test_benchmark_merge_adds_runs_and_keeps_the_others(tmp_path):
@@ -106,6 +115,17 @@ def test_benchmark_merge_adds_runs_and_keeps_the_others(tmp_path):
     assert s["knn:dct"]["seeds"] == 2 and len(doc["invocations"]) == 2
     vals = s["knn:dct"]["accuracy_values"]
     assert s["knn:dct"]["accuracy_std"] == pytest.approx(float(np.std(vals, ddof=1)))
+    # --combine: runs made apart (here: another folder, ncm:dct seed 3) summarised together, nothing rerun
+    other = tmp_path / "other"
+    bench.main([*common[:3], str(other), *common[4:], "--methods", "ncm:dct", "--seeds", "3"])
+    both = tmp_path / "both"
+    bench.main(["--preset", "smoke", "--out", str(both), "--combine", str(tmp_path / "continual.json"),
+                str(other / "continual.json")])
+    doc2 = json.loads((both / "continual.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in doc2["runs"]) == sorted(keys + [("ncm:dct", 3)])
+    assert doc2["summary"]["split_mnist"]["ncm:dct"]["seeds"] == 3
+    assert doc2["summary"]["split_mnist"]["knn:dct"] == s["knn:dct"]
+    assert len(doc2["invocations"]) == 4 and "--combine" in doc2["invocations"][-1]["command"]
 
 
 # ----------------------------------------------------------------------------- offline streams = Avalanche's

@@ -24,8 +24,9 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
 =============== ============================================================================
 
 :data:`SETTINGS` holds the shared defaults, :data:`RECIPES` what each method changes, and
-:data:`TUNED` the values chosen on each stream's validation split by ``benchmarks/continual_tune.py``
-(``benchmarks/results/continual_tune.json``; a test checks the two agree). ``settings`` passed to
+:data:`TUNED` values a user fixes per stream (empty as shipped: ``benchmarks/continual.py`` passes the
+values ``benchmarks/continual_tune.py`` chose on each stream's validation split, read from
+``benchmarks/results/continual_tune.json``, as ``settings``). ``settings`` passed to
 :func:`make_baseline` override all three.
 
 **Resume.** After each experience (and its evaluation) :func:`save_state` pickles the model,
@@ -73,8 +74,8 @@ RECIPES: Dict[str, Dict[str, Any]] = {
 }
 #: epochs per experience by stream, where no recipe or tuning says otherwise
 EPOCHS = {"split_mnist": 2, "permuted_mnist": 1}
-#: the values chosen on each stream's validation split (benchmarks/continual_tune.py writes
-#: benchmarks/results/continual_tune.json; tests/test_continual_tune.py checks they agree)
+#: per-stream values over the recipes, ``{stream: {family or name: settings}}`` (empty as shipped: the
+#: benchmark passes the tuned values of benchmarks/results/continual_tune.json as settings)
 TUNED: Dict[str, Dict[str, Dict[str, Any]]] = {}
 
 
