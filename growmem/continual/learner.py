@@ -28,8 +28,8 @@ import numpy as np
 
 from .errors import InputShapeError, UnknownNameError
 
-#: the placeholder growmem recipe (policies/continual_growmem.toml): the weighted_softmax
-#: preset's readout, no residual blocks
+#: the default network (policies/continual_growmem.toml): the weighted_softmax preset's readout,
+#: no residual blocks, every row kept
 DEFAULT_PRESET = "continual_growmem"
 
 

@@ -5,7 +5,7 @@ seed) and every method trains on it, experience after experience, and is evaluat
 whole test stream after each experience (the accuracy matrix). Methods:
 
 * ``growmem`` — a :class:`~growmem.continual.learner.GrowmemLearner` with the ``growmem``
-  config (a preset; the placeholder ``continual_growmem`` by default), driven by the fast
+  config (a preset; ``continual_growmem``, a growing readout keeping every row, by default), driven by the fast
   native loop (``growmem_loop="fast"``) or by :class:`GrowmemStrategy` inside Avalanche's
   template (``"template"``); ``growmem:<preset>`` — the same with another preset (e.g.
   ``growmem:continual_decay``);

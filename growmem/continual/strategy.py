@@ -94,7 +94,7 @@ class GrowmemModule(torch.nn.Module):
 class GrowmemStrategy(SupervisedTemplate):
     """Avalanche strategy whose model is a growing memory (see the module docstring).
 
-    ``config``: a :class:`GrowmemConfig` or a preset name (default: the placeholder
+    ``config``: a :class:`GrowmemConfig` or a preset name (default:
     ``continual_growmem``). ``num_classes``: output size. ``input_size``: features per
     sample (inferred from the first batch when None; a stream whose inputs do not fit raises
     ``InputShapeError`` naming both shapes). ``budget_bytes``: cap the memory (see
