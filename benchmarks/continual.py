@@ -277,8 +277,8 @@ def main(argv=None):
                 a, b = [shuffled[k] for k in common], [ordered[k] for k in common]
                 row.update(order_cost=sum(x - y for x, y in zip(a, b)) / len(common), order_seeds=common,
                            shuffled_vs_ordered=compare(a, b, paired=True))
-        if rows:
-            iid[stream] = rows
+        iid[stream] = rows                  # every stream has its entries (empty when not run)
+        sweep.setdefault(stream, {})
     invocation = {"command": "python benchmarks/continual.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
                   "finished": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -115,36 +115,126 @@ def source(path: str, doc, *, command: bool = True) -> str:
 
 # ---- continual learning -------------------------------------------------------------------------
 
+def _acc(r, key="accuracy") -> str:
+    """``mean ± std (n seeds)`` of a summary row (sample std over seeds)."""
+    m, sd, n = r[f"{key}_mean"], r[f"{key}_std"], r["seeds"]
+    return f"{m:.4f} ± {sd:.4f} ({n} seeds)" if n > 1 else f"{m:.4f} (1 seed)"
+
+
+def _growmem_methods(rows):
+    return [m for m in rows if m.startswith(("target:", "net:"))]
+
+
 @renderer("continual", "continual.json")
 def render_continual(doc) -> str:
-    s, cfg = doc["summary"], doc["config"]
-    streams = cfg["streams"]
-    methods = list(dict.fromkeys(m for st in streams for m in s[st]))
-    best = {st: max(r["accuracy"] for r in s[st].values()) for st in streams}
+    cfg = doc["config"]
+    out = ""
+    for st, rows in doc["summary"].items():
+        ref = cfg["methods"][st][0]
+        order = sorted(rows, key=lambda m: -rows[m]["accuracy_mean"])
+        out += (f"\n**{st}** ({len(order)} methods; `vs {ref}`: better / worse beyond 2 standard errors of the "
+                "difference, paired by seed, else a tie; `–`: one seed, not compared)\n\n")
+        out += table(["method", "what it is", "final accuracy", "forgetting", f"vs `{ref}`", "peak MB", "wall s"],
+                     [[f"`{m}`", rows[m]["description"], _acc(rows[m]),
+                       "–" if rows[m]["forgetting"] is None else f"{rows[m]['forgetting']:.4f}",
+                       rows[m]["vs_reference"] or "–",
+                       mb(rows[m]["bytes"]) + ("" if rows[m]["within_budget"] is not False else " (over)"),
+                       f"{rows[m]['wall_s']:.0f}"] for m in order])
+        for m, r in doc["iid"][st].items():   # order-free methods: no cost by construction
+            if m in _growmem_methods(rows):
+                out += (f"\n`{m}` on the shuffled stream (one experience of every class): "
+                        f"{r['acc_stream_weighted']:.4f} on the whole test set; the class-incremental order costs it "
+                        f"{r['order_cost']:.4f} (shuffled vs ordered: {r['shuffled_vs_ordered']}, "
+                        f"{len(r['order_seeds'])} seeds).\n")
+        for m, pts in doc["sweep"][st].items():
+            out += f"\nAccuracy against the budget, `{m}` (first seed):\n\n" + table(
+                ["budget MB", "final accuracy", "peak MB in use"],
+                [[mb(p["budget"]), f"{p['accuracy']:.4f}", mb(p["bytes"])] for p in sorted(pts, key=lambda p: p["budget"])])
+    loads = [max(i["load_average_after"]) for i in doc["invocations"]]
+    out += (f"\nBudget {mb(cfg['budget_bytes'])} MB for every method; stored samples counted as "
+            f"`{cfg['replay_dtype']}`; {', '.join(cfg['one_seed'])}: one seed. Hyperparameters: "
+            f"`{Path(cfg['tuned']).name if cfg['tuned'] else 'presets and recipes'}`. "
+            f"{len(doc['invocations'])} invocations merged"
+            + (f" (load average after them up to {max(loads):.1f}: wall times are a rough guide)" if loads else "")
+            + ".\n")
+    return out + source("continual.json", {**doc, "command": doc["invocations"][-1]["command"]})
 
-    def cells(st, m):
-        if m not in s[st]:
-            return ["–", "–"]
-        r = s[st][m]
-        acc = f"{r['accuracy']:.4f}"
-        if r["seeds"] > 1:
-            acc += f" ± {r['accuracy_std']:.4f}"
-        return [f"**{acc}**" if r["accuracy"] == best[st] else acc,
-                mb(r["bytes"]) + ("" if r["within_budget"] else " (over)")]
 
-    out = table(["method"] + [f"{st} {c}" for st in streams for c in ("accuracy", "peak MB")],
-                [[m] + [c for st in streams for c in cells(st, m)] for m in methods])
-    out += (f"\nBudget {mb(cfg['budget_bytes'])} MB; seeds {', '.join(map(str, cfg['seeds']))}; growmem runs "
-            + ", ".join(f"`{p}` on {st}" for st, p in cfg["growmem_presets"].items()) + ". Forgetting of growmem: "
-            + ", ".join(f"{s[st]['growmem']['forgetting']:.4f} ({st})" for st in streams) + ".\n")
-    for st, points in doc["curve"].items():
-        out += f"\nAccuracy against the budget, growmem on {st}:\n\n" + table(
-            ["budget MB", "accuracy", "peak MB in use"],
-            [[mb(p["budget"]), f"{p['accuracy']:.4f}", mb(p["bytes"])] for p in points])
-    return out + source("continual.json", doc)
+#: the comparisons the README states: (stream, first, second, what they are)
+CONTINUAL_FINDINGS = (
+    ("split_mnist", "knn:dct", "target:dct", "a nearest-neighbour classifier against the target memory, same keys"),
+    ("split_mnist", "net:replay_dct", "replay_bytes", "the growing network against replay with as many samples as the budget holds"),
+    ("split_mnist", "net:replay_dct", "target:dct", "the growing network against the target memory"),
+)
 
 
-# ---- single pass and growth ---------------------------------------------------------------------
+@renderer("continual_findings", "continual.json", "continual_ablation.json")
+def render_continual_findings(doc, ablation) -> str:
+    """The README's comparisons, decided like every verdict (paired by seed, beyond 2 standard errors)."""
+    from growmem.reporting import compare
+
+    rows = []
+    for st, a, b, what in CONTINUAL_FINDINGS:
+        s = doc["summary"][st]
+        if s[a]["seeds"] > 1 and s[a]["seeds"] == s[b]["seeds"]:
+            call = compare(s[a]["accuracy_values"], s[b]["accuracy_values"], paired=True)
+            said = {"better": "first higher", "worse": "first lower", "tie": "a tie (within 2 standard errors)"}[call]
+        else:
+            said = "not compared (one seed)"
+        rows.append([f"{st}: {what}", f"`{a}` {_acc(s[a])}", f"`{b}` {_acc(s[b])}", said])
+    for st, ms in doc["iid"].items():
+        for m, r in ms.items():
+            if m.startswith("net:"):
+                rows.append([f"{st}: what the class-incremental order costs the growing network",
+                             f"ordered {doc['summary'][st][m]['acc_stream_weighted']:.4f}",
+                             f"shuffled {r['acc_stream_weighted']:.4f} (both: the whole test set, mean of "
+                             f"{len(r['order_seeds'])} seeds)",
+                             f"{r['order_cost']:.4f} (shuffled vs ordered: {r['shuffled_vs_ordered']})"])
+    for part, variants in ablation["summary"].items():
+        if not part.startswith("drifting"):
+            continue
+        base = next(iter(variants))
+        for v, r in list(variants.items())[1:]:
+            if v != "drift detector":   # the README states the policy's claim; the docs show every variant
+                continue
+            for k in ("acc_current", "prequential"):
+                rows.append([f"{part}: {v} against {base} ({k})", f"{r[f'{k}_mean']:.4f} ± {r[f'{k}_std']:.4f}",
+                                 f"{variants[base][f'{k}_mean']:.4f} ± {variants[base][f'{k}_std']:.4f}",
+                                 {"better": "first higher", "worse": "first lower", "tie": "a tie",
+                                  "untested": "untested"}[r[f"{k}_vs_full"]]])
+    return table(["comparison (final accuracy; drifting: accuracy on the current teacher, prequential)",
+                  "first", "second", "verdict"], rows)
+
+
+@renderer("continual_ablation", "continual_ablation.json")
+def render_continual_ablation(doc) -> str:
+    out = ""
+    for part, rows in doc["summary"].items():
+        keys = ("acc_current", "prequential") if part.startswith("drifting") else ("accuracy",)
+        first = next(iter(rows))
+        head = (["variant"] + [f"{k} (mean ± std)" for k in keys] + [f"{k} vs `{first}`" for k in keys]
+                + ["peak MB", "wall s"])
+        body = [[v] + [f"{r[f'{k}_mean']:.4f} ± {r[f'{k}_std']:.4f}" for k in keys]
+                + ["–" if v == first else r[f"{k}_vs_full"] for k in keys] + [mb(r["bytes_mean"]), f"{r['wall_s_mean']:.0f}"]
+                for v, r in rows.items()]
+        out += f"\n**{part}** (seeds {', '.join(map(str, doc['config']['seeds']))}, paired)\n\n" + table(head, body)
+    return out + source("continual_ablation.json", doc)
+
+
+@renderer("continual_tune", "continual_tune.json")
+def render_continual_tune(doc) -> str:
+    rows = []
+    for st, ms in doc["streams"].items():
+        for m, e in ms.items():
+            best = max((r["accuracy"] for r in e["results"]), default=None)
+            chosen = e["chosen"]
+            rows.append([st, f"`{m}`", len(e["results"]),
+                         f"`{json.dumps(chosen, sort_keys=True)}`" if chosen else "its recipe",
+                         "–" if best is None else f"{best:.4f}"])
+    cmds = "; ".join(f"`{i['command']}`" for i in doc["invocations"])
+    return table(["stream", "method", "grid points", "chosen", "best validation accuracy"], rows) + \
+        f"\n*From `benchmarks/results/continual_tune.json` (validation split, seed {doc['seed']}; {cmds}).*\n"
+
 
 @renderer("single_pass", "single_pass.json")
 def render_single_pass(doc) -> str:
@@ -330,16 +420,18 @@ def render_repro(folder: Path) -> str:
           "repro/hybrid-capacity.json", "spill.json")
 def render_headline(continual, repro_single, single, hybrid, spill) -> str:
     rows = []
-    for st in continual["config"]["streams"]:
-        s = continual["summary"][st]
-        g = s["growmem"]
-        others = [m for m in s if not m.startswith("growmem")]
-        inside = max((m for m in others if s[m]["within_budget"]), key=lambda m: s[m]["accuracy"])
-        top = max(others, key=lambda m: s[m]["accuracy"])
-        rows.append([f"{st}: final accuracy, peak memory (budget {mb(continual['config']['budget_bytes'])} MB)",
-                     f"**{g['accuracy']:.4f}** in {mb(g['bytes'])} MB",
-                     f"best within budget `{inside}` {s[inside]['accuracy']:.4f}; best overall `{top}` "
-                     f"{s[top]['accuracy']:.4f} in {mb(s[top]['bytes'])} MB", "`continual.json`"])
+    for st, s in continual["summary"].items():
+        ours = _growmem_methods(s)
+        others = [m for m in s if m not in ours and s[m]["within_budget"] is not False]
+        if not ours or not others:
+            continue
+        top = max(ours, key=lambda m: s[m]["accuracy_mean"])
+        rival = max(others, key=lambda m: s[m]["accuracy_mean"])
+        knn = [m for m in s if m.startswith("knn:")]
+        rows.append([f"{st}: final accuracy within {mb(continual['config']['budget_bytes'])} MB",
+                     f"`{top}` **{_acc(s[top])}**",
+                     f"best other method within the budget `{rival}` {_acc(s[rival])}"
+                     + (f"; `{knn[0]}` {_acc(s[knn[0]])}" if knn and knn[0] != rival else ""), "`continual.json`"])
     bar = repro_single["summary"]["bar"]
     rows.append(["one pass over MNIST (B = 16, L = 2): test accuracy",
                  ", ".join(f"{m} **{pct(b['measured'])}**" for m, b in bar.items()),
