@@ -236,6 +236,8 @@ def render_continual_tune(doc) -> str:
         f"\n*From `benchmarks/results/continual_tune.json` (validation split, seed {doc['seed']}; {cmds}).*\n"
 
 
+# ---- single pass and growth ---------------------------------------------------------------------
+
 @renderer("single_pass", "single_pass.json")
 def render_single_pass(doc) -> str:
     s = doc["summary"]
