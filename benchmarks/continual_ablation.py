@@ -12,6 +12,7 @@ Every variant runs the same seeds within the same budget; ``vs_full`` compares i
 
     python benchmarks/continual_ablation.py --preset smoke      # seconds (run by the tests)
     python benchmarks/continual_ablation.py --preset cpu        # ~2 h on 2 cores
+    python benchmarks/continual_ablation.py --preset cpu --parts split_mnist --variants full --merge   # one rerun
 
 Writes ``continual_ablation.json`` (``summary.<stream>.<variant>.{accuracy_mean, accuracy_std, acc_current_mean,
 prequential_mean, bytes, wall_s, vs_full}``) and ``continual_ablation.png``.
@@ -113,6 +114,11 @@ def main(argv=None):
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--tuned", type=Path, default=TUNED)
     ap.add_argument("--parts", default="split_mnist,drifting_teacher,drifting_teacher_no_drift")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated variant names to run (default: every variant of each part)")
+    ap.add_argument("--merge", action="store_true",
+                    help="add these runs to the continual_ablation.json in --out (replacing the same part, variant "
+                         "and seed) and summarise all of them")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -124,12 +130,20 @@ def main(argv=None):
              "drifting_teacher": ("drifting_teacher", DRIFT, cfg["drift"], None),
              "drifting_teacher_no_drift": ("drifting_teacher", DRIFT, {**cfg["drift"], "drift": 0.0}, None)}
     t0 = time.perf_counter()
+    path = args.out / "continual_ablation.json"
+    old = json.loads(path.read_text()) if (args.merge and path.is_file()) else {}
+    wanted = None if args.variants is None else {v.strip() for v in args.variants.split(",") if v.strip()}
+    known = {v for _, vs, _, _ in parts.values() for v, _, _ in vs}
+    if wanted is not None and not wanted <= known:
+        raise SystemExit(f"unknown variant(s) {sorted(wanted - known)}; choose from {sorted(known)}")
     runs, summary = [], {}
     for part in [p.strip() for p in args.parts.split(",") if p.strip()]:
         stream, variants, opts, budget = parts[part]
         chosen = variants[:cfg["variants"]] if cfg["variants"] else variants
         part_runs = []
         for variant, method, over in chosen:
+            if wanted is not None and variant not in wanted:
+                continue
             tuned = _tuned(args.tuned, stream, method).get("overrides", {})
             settings = {"overrides": {**tuned, **over}}
             doc = run_continual(stream, [method], cfg["seeds"], budget, stream_options=opts, data_dir=args.data_dir,
@@ -140,14 +154,21 @@ def main(argv=None):
             print(f"{part}: {variant}: " + ", ".join(f"{r['summary']['acc_mean_over_experiences']:.4f}"
                                                      for r in doc["runs"]), flush=True)
         runs += part_runs
-        summary[part] = summarize(part_runs, chosen[0][0])
-    payload = {"benchmark": "continual_ablation", "preset": args.preset,
-               "command": "python benchmarks/continual_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    key = lambda r: (r["part"], r["variant"], r["seed"])  # noqa: E731
+    fresh = {key(r) for r in runs}
+    runs = [r for r in old.get("runs", []) if key(r) not in fresh] + runs
+    order = {p: [v for v, _, _ in vs] for p, (_, vs, _, _) in parts.items()}
+    runs.sort(key=lambda r: (list(parts).index(r["part"]), order[r["part"]].index(r["variant"]), r["seed"]))
+    for part in dict.fromkeys(r["part"] for r in runs):
+        summary[part] = summarize([r for r in runs if r["part"] == part], order[part][0])
+    command = "python benchmarks/continual_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    payload = {"benchmark": "continual_ablation", "preset": args.preset, "command": command,
+               "commands": old.get("commands", [old["command"]] if "command" in old else []) + [command],
                "config": {"seeds": cfg["seeds"], "budget": BUDGET, "split_options": cfg["split"],
                           "drift_options": cfg["drift"], "tuned": str(args.tuned) if Path(args.tuned).is_file() else None},
                "summary": summary, "runs": runs, "seconds": time.perf_counter() - t0,
                "load_average_after": list(os.getloadavg())}
-    out = write_json(args.out / "continual_ablation.json", payload)
+    out = write_json(path, payload)
     plot(payload, args.out / "continual_ablation.png")
     for part, rows in summary.items():
         print(f"{part}:")

@@ -48,7 +48,7 @@ def _over(**axes):
 GRIDS = {
     "target:dct": _over(**{"keys.n": [8, 10, 12], "keys.deskew": [True, False]}),
     "target:subspaces": _over(**{"keys.dim": [20, 30], "keys.rho": [0.5, 0.6]}),
-    "net:replay_dct": _over(**{"readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
+    "net:replay_dct": _over(**{"model.n_blocks": [1, 0], "readout.temperature": [0.5, 1.0], "replay.samples": [16, 32, 64]}),
     "net:replay_proj": _over(**{"model.n_blocks": [0, 1], "readout.temperature": [0.5, 1.0], "replay.samples": [16, 32]}),
     "net:drift_discount": [g for g in _over(**{"policy.0.factor": [1.0, 0.3], "policy.0.gamma": [0.0, 0.003, 0.01],
                                                "policy.0.threshold": [0.1, 0.25, 0.5]})

@@ -217,7 +217,9 @@ def render_continual_ablation(doc) -> str:
         body = [[v] + [f"{r[f'{k}_mean']:.4f} ± {r[f'{k}_std']:.4f}" for k in keys]
                 + ["–" if v == first else r[f"{k}_vs_full"] for k in keys] + [mb(r["bytes_mean"]), f"{r['wall_s_mean']:.0f}"]
                 for v, r in rows.items()]
-        out += f"\n**{part}** (seeds {', '.join(map(str, doc['config']['seeds']))}, paired)\n\n" + table(head, body)
+        size = "" if part.startswith("drifting") else \
+            f"; the first {doc['config']['split_options']['train_limit']:,} training images"
+        out += f"\n**{part}** (seeds {', '.join(map(str, doc['config']['seeds']))}, paired{size})\n\n" + table(head, body)
     return out + source("continual_ablation.json", doc)
 
 

@@ -128,6 +128,29 @@ def test_benchmark_merge_adds_runs_and_keeps_the_others(tmp_path):
     assert len(doc2["invocations"]) == 4 and "--combine" in doc2["invocations"][-1]["command"]
 
 
+def test_ablation_smoke_compares_each_variant_with_the_full_recipe_and_merges_reruns(tmp_path):
+    abl = _bench_module("continual_ablation")
+    common = ["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json")]
+    doc = abl.main(common + ["--parts", "split_mnist,drifting_teacher"])
+    s = doc["summary"]
+    assert list(s["split_mnist"]) == [v for v, _, _ in abl.SPLIT[:2]]
+    assert list(s["drifting_teacher"]) == [v for v, _, _ in abl.DRIFT[:2]]
+    second = s["split_mnist"][abl.SPLIT[1][0]]
+    assert second["accuracy_vs_full"] in ("better", "worse", "tie") and second["seeds"] == [1, 2]
+    assert second["overrides"] == abl.SPLIT[1][2]
+    assert s["drifting_teacher"][abl.DRIFT[1][0]]["acc_current_vs_full"] in ("better", "worse", "tie")
+    assert (tmp_path / "continual_ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one variant rerun and merged: its runs are replaced, the others kept, the summary covers all of them
+    doc2 = abl.main(common + ["--parts", "split_mnist", "--variants", abl.SPLIT[1][0], "--merge"])
+    assert len(doc2["runs"]) == len(doc["runs"]) and len(doc2["commands"]) == 2
+    assert set(doc2["summary"]) == {"split_mnist", "drifting_teacher"}
+    for part in doc2["summary"]:
+        for v, r in doc2["summary"][part].items():
+            assert r["seeds"] == s[part][v]["seeds"], (part, v)
+    with pytest.raises(SystemExit, match="unknown variant"):
+        abl.main(common + ["--variants", "no such variant"])
+
+
 # ----------------------------------------------------------------------------- offline streams = Avalanche's
 
 @pytest.fixture(scope="module")
