@@ -268,7 +268,7 @@ TINY = {
     "parametric-gap": {"n_train": 128, "gws_epochs": 2, "psm_epochs": 2, "psm_width": 256, "train_eval": 64,
                        "psm_grid": {"lr": [0.01], "temperature": [1.0]}},
     "hybrid-capacity": {"n_train": 32, "taus": [0.7, 0.9]},
-    "newton-steps": {"n_train": 32, "epochs": 1, "mlp": {"n_blocks": 1, "hidden": 16}, "steps": ["5", "10", "exact"],
+    "newton-steps": {"n_train": 64, "epochs": 1, "mlp": {"n_blocks": 1, "hidden": 16}, "steps": ["5", "10", "exact"],
                      "grid": {"lr": [1e-3], "lam": [0.1], "gamma": [0.99]}},
     "delta-decay": {"n_train": 128, "epochs": 2, "warmup_epochs": 1, "train_eval": 64, "delta_lams": [1e-5],
                     "wd_betas": [1e-3], "extend": {}, "model": {"width": 32, "n_blocks": 2}},
@@ -276,6 +276,13 @@ TINY = {
     "vit-ffn": {"n_train": 128, "vit_grid": {"lr": [1e-3], "blowup": [1]},
                 "gws_grid": {"lr": [1e-3], "eta": [1.0], "beta": [10.0], "temperature": [1.0], "momentum": [0.0]}},
 }
+
+
+def test_a_training_set_smaller_than_one_batch_is_refused(cifar_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("GROWMEM_DATA_CHECKSUMS", str(cifar_root / "checksums.json"))
+    with pytest.raises(repro.core.ReproError, match="no whole batch"):
+        repro.run("newton-steps", "paper", out=tmp_path, data_dir=cifar_root, progress=False,
+                  overrides={**ONE, **TINY["newton-steps"], "n_train": 32, "batch": 64})
 
 
 def test_every_cifar_paper_preset_has_a_tiny_run():

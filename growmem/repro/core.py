@@ -216,9 +216,12 @@ def batches_for(data: Images, batch: int, *, seed: int = 0, augment: bool = Fals
     every epoch (:class:`growmem.train.Batches`)."""
     import jax
     from ..train import Batches
-    if augment:
-        return AugmentedBatches(data, batch, seed=seed)
-    return Batches(data.x, data.y, batch, rng=jax.random.key(seed), shuffle=True)
+    batches = AugmentedBatches(data, batch, seed=seed) if augment else \
+        Batches(data.x, data.y, batch, rng=jax.random.key(seed), shuffle=True)
+    if batches.per_epoch < 1:   # no step at all: the run would report an untrained model and NaN losses
+        raise ReproError(f"{len(data.y)} training images of {data.name} make no whole batch of {batch}: raise "
+                         f"n_train or lower the batch size")
+    return batches
 
 
 def synthetic_images(n_train: int, n_test: int, *, d: int = 256, classes: int = 10, seed: int = 0,
