@@ -17,7 +17,6 @@ Every failure is one line on stderr naming the problem and the fix, with a non-z
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 from pathlib import Path
