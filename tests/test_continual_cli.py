@@ -23,9 +23,10 @@ def test_cli_runs_growmem_variants_against_a_baseline_and_writes_json_and_png(tm
     assert main(["--n-experiences", "2", "--train-limit", "64", "--test-limit", "32", "--baselines", "naive",
                  "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     doc = json.loads((out / "continual.json").read_text())
-    # no --policy on the drifting stream: the three growing networks (never forgets / decays / a window), named
-    # by what they are
-    assert list(doc["summary"]) == ["net:continual_growmem", "net:continual_decay", "net:continual_window", "naive"]
+    # no --policy on the drifting stream: the four growing networks (never forgets / a drift detector / decays /
+    # a window), named by what they are
+    assert list(doc["summary"]) == ["net:continual_growmem", "net:drift_discount", "net:continual_decay",
+                                    "net:continual_window", "naive"]
     assert doc["methods"]["net:continual_growmem"]["alias"] == "growmem"
     assert doc["stream"]["name"] == "drifting_teacher" and doc["stream"]["train_sizes"] == [64, 64]
     for m, agg in doc["summary"].items():

@@ -130,7 +130,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="growmem preset(s) (policies/NAME.toml or a path); several run side by side as "
              "growmem:PRESET (default: target_dct on split_mnist, target_subspaces on "
              "permuted_mnist and rotated_mnist, continual_growmem elsewhere; on drifting_teacher "
-             "also continual_decay and continual_window)")
+             "also drift_discount, continual_decay and continual_window)")
     opt("--baselines", type=baselines, default=None, metavar="NAMES",
         help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
              "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
