@@ -20,7 +20,7 @@ chose them on each stream's validation split: 10 % of each class's training imag
 split is not read there). A method the tuning file does not name runs with its preset or recipe.
 
 **Seeds.** The ``cpu`` preset runs 3 seeds of every method a claim compares; ``naive``, ``ewc`` and ``lwf``
-run one seed (``seeds`` in the summary says so). A difference is called only beyond 2 standard errors of
+run one seed (``seeds`` in the summary says so). A difference is called only by a paired Student t-test at 95 % of
 the difference (:func:`growmem.reporting.compare`), else a tie.
 
     python benchmarks/continual.py --preset smoke                 # seconds (run by the tests, generated data)
@@ -91,7 +91,7 @@ def tuned_settings(path, stream: str) -> dict:
 def stream_summary(runs, reference: str) -> dict:
     """``{method: {accuracy_mean, accuracy_std, seeds, bytes, ..., vs_reference}}`` from the runs of one
     stream (mean ± sample std over seeds; ``vs_reference``: better / worse / tie / untested against the
-    stream's growmem method, beyond 2 standard errors)."""
+    stream's growmem method, by a paired Student t-test at 95 %)."""
     from growmem.continual.report import aggregate, verdicts
 
     agg = aggregate(runs)
@@ -296,7 +296,7 @@ def main(argv=None):
 
     print()
     for stream, rows in summary.items():
-        print(f"{stream} (budget {budget / 1e6:.2f} MB; vs {METHODS.get(stream, ('',))[0]}, beyond 2 standard errors):")
+        print(f"{stream} (budget {budget / 1e6:.2f} MB; vs {METHODS.get(stream, ('',))[0]}, by a paired Student t-test at 95 %):")
         for m, r in sorted(rows.items(), key=lambda kv: -(kv[1]["accuracy_mean"] or 0)):
             acc = f"{r['accuracy_mean']:.4f}" + (f" ± {r['accuracy_std']:.4f}" if r["seeds"] > 1 else " (1 seed)")
             over = "" if r["within_budget"] is not False else " OVER BUDGET"

@@ -8,7 +8,7 @@ constant weight decay (``net:continual_decay``), a sliding window (``net:continu
 detector (``net:drift_discount``, tuned) — with the stream's gradual drift and without it (``drift = 0``).
 
 Every variant runs the same seeds within the same budget; ``vs_full`` compares it with the full recipe
-(or with keeping every row), paired by seed, beyond 2 standard errors (else a tie).
+(or with keeping every row), paired by seed, by a paired Student t-test at 95 % (else a tie).
 
     python benchmarks/continual_ablation.py --preset smoke      # seconds (run by the tests)
     python benchmarks/continual_ablation.py --preset cpu        # ~2 h on 2 cores

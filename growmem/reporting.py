@@ -95,29 +95,83 @@ def standard_error_of_difference(a: Sequence[float], b: Sequence[float]) -> Opti
     return math.sqrt(sa * sa / len(a) + sb * sb / len(b))
 
 
-def compare(a: Sequence[float], b: Sequence[float], *, higher: bool = True, k: float = 2.0,
-            paired: bool = False) -> str:
-    """``"better"`` if ``a`` beats ``b`` (higher mean when ``higher``) by more than ``k`` standard errors
-    of the difference, ``"worse"`` if ``b`` beats ``a`` by as much, else ``"tie"``; ``"untested"`` when a
-    side has fewer than two values. ``paired``: ``a[i]`` and ``b[i]`` come from the same seed (stream,
-    order, initialisation), so the standard error is that of the mean of the per-seed differences. Two
-    sides without any spread are told apart by their means."""
+#: the confidence of every verdict: a two-sided Student t-test at 95 %
+CONFIDENCE = 0.95
+#: how verdicts are decided, in words (rendered beside every table)
+RULE = "paired Student t-test at 95 % (t quantile with n − 1 degrees of freedom); otherwise a tie"
+
+
+def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
+    """The two-sided Student t quantile ``t_{1−(1−confidence)/2, df}`` (scipy.stats.t)."""
+    from scipy.stats import t
+
+    if not (0 < confidence < 1) or not df > 0:
+        raise ValueError(f"t_quantile needs 0 < confidence < 1 and df > 0, got confidence={confidence}, df={df}")
+    return float(t.ppf(1 - (1 - confidence) / 2, df))
+
+
+def _t_test(a: Sequence[float], b: Sequence[float], paired: bool):
+    """``(mean difference a − b, its standard error, degrees of freedom)``; None when a side has fewer
+    than two values. Paired: the per-seed differences, ``n − 1`` degrees of freedom; unpaired: Welch's
+    standard error and Welch–Satterthwaite degrees of freedom."""
     if paired:
         if len(a) != len(b):
             raise ValueError(f"a paired comparison needs one value per seed on both sides, got {len(a)} and {len(b)}")
         if len(a) < 2:
-            return "untested"
-        diffs = [x - y for x, y in zip(a, b)]
-        se = mean_std(diffs)["std"] / math.sqrt(len(diffs))
-    else:
-        se = standard_error_of_difference(a, b)
+            return None
+        diffs = mean_std([x - y for x, y in zip(a, b)])
+        return diffs["mean"], diffs["std"] / math.sqrt(len(a)), len(a) - 1
+    se = standard_error_of_difference(a, b)
     if se is None:
+        return None
+    va, vb = mean_std(a)["std"] ** 2 / len(a), mean_std(b)["std"] ** 2 / len(b)
+    df = (va + vb) ** 2 / ((va * va / (len(a) - 1)) + (vb * vb / (len(b) - 1))) if va + vb > 0 else float(len(a) + len(b) - 2)
+    return mean_std(a)["mean"] - mean_std(b)["mean"], se, df
+
+
+def compare(a: Sequence[float], b: Sequence[float], *, higher: bool = True, confidence: float = CONFIDENCE,
+            paired: bool = False) -> str:
+    """``"better"`` if ``a`` beats ``b`` (higher mean when ``higher``) by a two-sided Student t-test at
+    ``confidence`` (|d| > t_{n−1} · SE), ``"worse"`` if ``b`` beats ``a`` by as much, else ``"tie"``;
+    ``"untested"`` when a side has fewer than two values. ``paired``: ``a[i]`` and ``b[i]`` come from the
+    same seed (stream, order, initialisation): the test of the per-seed differences, ``n − 1`` degrees
+    of freedom; else Welch's test. Two sides without any spread are told apart by their means."""
+    r = _t_test(a, b, paired)
+    if r is None:
         return "untested"
-    d = mean_std(a)["mean"] - mean_std(b)["mean"]
+    d, se, df = r
     if not higher:
         d = -d
-    if d > k * se:
+    bar = t_quantile(df, confidence) * se
+    if d > bar:
         return "better"
-    if -d > k * se:
+    if -d > bar:
         return "worse"
     return "tie"
+
+
+def seeds_needed(a: Sequence[float], b: Sequence[float], *, paired: bool = True, confidence: float = CONFIDENCE,
+                 limit: int = 100_000) -> Optional[int]:
+    """The fewest seeds (per side) at which ``mean(a) − mean(b)`` — assumed to stay what it is, with the
+    same spread — would pass :func:`compare`'s test: the least ``n`` with ``|d| > t_{n−1} s / √n``,
+    ``s`` the standard deviation of the per-seed differences (paired) or ``√(s_a² + s_b²)``
+    (unpaired, with ``2n − 2`` degrees of freedom). None when it cannot be estimated: fewer than two
+    values on a side, no difference or no spread, or more than ``limit`` seeds."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if paired:
+        diffs = mean_std([x - y for x, y in zip(a, b)])
+        d, s = diffs["mean"], diffs["std"]
+    else:
+        d = mean_std(a)["mean"] - mean_std(b)["mean"]
+        s = math.sqrt(mean_std(a)["std"] ** 2 + mean_std(b)["std"] ** 2)
+    if d == 0 or s == 0:
+        return None
+    z = t_quantile(1e9, confidence)               # the normal quantile: a lower bound on every t quantile
+    n = max(2, int(math.ceil((z * s / abs(d)) ** 2)))
+    while n <= limit:
+        df = n - 1 if paired else 2 * n - 2
+        if abs(d) > t_quantile(df, confidence) * s / math.sqrt(n):
+            return n
+        n += 1
+    return None

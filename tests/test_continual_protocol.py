@@ -1,5 +1,5 @@
 """The continual benchmark's protocol: validation splits, honest method names, bytes as a user stores
-them, budget-matched replay, the baselines' recipes, ties within 2 standard errors, tuning."""
+them, budget-matched replay, the baselines' recipes, ties by a Student t-test at 95 %, tuning."""
 import importlib.util
 import json
 import math
@@ -18,24 +18,32 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- ties and verdicts
 
-def test_compare_calls_a_difference_only_beyond_two_standard_errors():
+def test_compare_calls_a_difference_only_by_a_students_t_test_at_95_percent():
+    from scipy import stats
     a, b = [0.90, 0.91, 0.92], [0.80, 0.81, 0.79]
     se = math.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3)
     assert standard_error_of_difference(a, b) == pytest.approx(se)
     assert compare(a, b) == "better" and compare(b, a) == "worse"
-    # a difference of 1.5 standard errors is a tie, 2.5 is not
+    # unpaired: Welch's test — a shift of 2.5 standard errors is a tie with 3 values a side (df = 4,
+    # t_{4, 0.975} = 2.78), 3.5 is not; scipy's Welch test says the same
     base = [0.0, 0.1, 0.2]
     s = standard_error_of_difference(base, base)
-    assert compare([v + 1.5 * s for v in base], base) == "tie"
-    assert compare([v + 2.5 * s for v in base], base) == "better"
+    for shift, call in ((2.5, "tie"), (3.5, "better")):
+        moved = [v + shift * s for v in base]
+        assert compare(moved, base) == call
+        assert (stats.ttest_ind(moved, base, equal_var=False).pvalue < 0.05) == (call == "better")
     assert compare([0.5], [0.4, 0.41]) == "untested"                  # one seed: no spread measured
     assert compare([0.3, 0.31], [0.3, 0.31], higher=False) == "tie"
     assert compare([0.2, 0.21], [0.3, 0.31], higher=False) == "better"  # lower is better (a loss)
     # paired by seed: a constant gain over strongly varying seeds is called, unpaired it is a tie
     base, gain = [0.70, 0.80, 0.90], [0.71, 0.812, 0.909]
     assert compare(gain, base) == "tie" and compare(gain, base, paired=True) == "better"
-    d = np.subtract(gain, base)
-    assert abs(d.mean()) > 2 * d.std(ddof=1) / np.sqrt(3)               # the independent check of that call
+    assert stats.ttest_rel(gain, base).pvalue < 0.05                    # the independent check of that call
+    # paired, 3 seeds: t = 3.5 is beyond 2 standard errors but a tie at 95 % (t_{2, 0.975} = 4.30)
+    d = np.array([0.01, 0.03, 0.02])
+    t = d.mean() / (d.std(ddof=1) / np.sqrt(3))
+    assert 2 < t < 4.3 and compare(list(0.5 + d), [0.5] * 3, paired=True) == "tie"
+    assert stats.ttest_rel(0.5 + d, [0.5] * 3).pvalue > 0.05
     with pytest.raises(ValueError, match="one value per seed"):
         compare([1, 2], [1, 2, 3], paired=True)
     m = mean_std([1.0, 2.0, 4.0])

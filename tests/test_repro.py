@@ -20,35 +20,50 @@ from growmem.train import NonFiniteLossError
 NAMES = repro.names()
 
 
-def rule(a, b, *, margin=0.0, higher=True, k=2.0):
+def rule(a, b, *, margin=0.0, higher=True):
     """The stated rule, written independently of growmem: the paired per-seed differences in the
-    claim's direction, less the margin; reproduced beyond k standard errors of their mean,
-    contradicted beyond k the other way, else inconclusive (no spread: the sign decides)."""
+    claim's direction, less the margin, by scipy's one-sample t-test (two-sided, 95 %): reproduced when
+    significant and positive, contradicted when significant and negative, else inconclusive (no
+    spread: the sign decides)."""
+    from scipy import stats
     d = np.asarray(a, float) - np.asarray(b, float)
     d = (d if higher else -d) - margin
-    se = d.std(ddof=1) / math.sqrt(len(d))
-    if se == 0:
+    if d.std(ddof=1) == 0:
         return REPRODUCED if d.mean() > 0 else CONTRADICTED if d.mean() < 0 else INCONCLUSIVE
-    t = d.mean() / se
-    return REPRODUCED if t > k else CONTRADICTED if t < -k else INCONCLUSIVE
+    r = stats.ttest_1samp(d, 0.0)
+    if r.pvalue < 0.05:
+        return REPRODUCED if d.mean() > 0 else CONTRADICTED
+    return INCONCLUSIVE
 
 
 # ---- the verdict rule on hand-made inputs ---------------------------------------------------------
 
-def test_beats_is_reproduced_contradicted_or_inconclusive_by_two_standard_errors():
+def test_beats_is_reproduced_contradicted_or_inconclusive_by_a_paired_t_test():
     a, b = [0.90, 0.91, 0.92], [0.80, 0.80, 0.81]          # differences .10, .11, .11: t ≈ 32
     assert core.beats(a, b)["verdict"] == REPRODUCED
     assert core.beats(b, a)["verdict"] == CONTRADICTED
     noisy = [0.51, 0.49, 0.53]                              # differences .01, -.01, .03 from 0.50: t = 0.87
     part = core.beats(noisy, [0.50, 0.50, 0.50])
     assert part["verdict"] == INCONCLUSIVE and part["comparison"] == "tie"
-    assert part["n_needed"] == 16                           # ⌈2² · 0.02² / 0.01²⌉ seeds
+    assert part["n_needed"] == _least_n(0.01, 0.02)         # 18: 0.01 > t_{n-1} · 0.02 / √n
     assert part["difference"] == pytest.approx(0.01)
-    # just past two standard errors, and just short of it: differences .02 ± .01 -> se = .01/√n
     assert core.beats([0.52, 0.53, 0.51, 0.52, 0.52], [0.5] * 5)["verdict"] == REPRODUCED   # t = 6.3
     assert core.beats([0.52, 0.49, 0.55], [0.5] * 3)["verdict"] == INCONCLUSIVE           # t = 1.15
-    for x in ([0.52, 0.53, 0.51, 0.52, 0.52], [0.52, 0.49, 0.55], noisy):
+    # t = 3.5 with 3 seeds: beyond 2 standard errors, but short of t_{2, 0.975} = 4.30 — a tie at 95 %
+    three = [0.51, 0.53, 0.52]
+    assert 2 < np.mean(np.subtract(three, 0.5)) / (np.std(np.subtract(three, 0.5), ddof=1) / math.sqrt(3)) < 4.3
+    assert core.beats(three, [0.5] * 3)["verdict"] == INCONCLUSIVE
+    for x in ([0.52, 0.53, 0.51, 0.52, 0.52], [0.52, 0.49, 0.55], noisy, three, [0.51, 0.53, 0.52, 0.52]):
         assert core.beats(x, [0.5] * len(x))["verdict"] == rule(x, [0.5] * len(x))
+
+
+def _least_n(d, s, unpaired=False):
+    """The least n with d > t_{df} s / √n (df = n − 1, or 2n − 2 unpaired), by scipy's quantiles."""
+    from scipy import stats
+    n = 2
+    while not d > stats.t.ppf(0.975, 2 * n - 2 if unpaired else n - 1) * s / math.sqrt(n):
+        n += 1
+    return n
 
 
 def test_beats_lower_is_better_margins_and_a_fixed_reference():
@@ -72,10 +87,10 @@ def test_beats_lower_is_better_margins_and_a_fixed_reference():
 
 
 def test_seeds_needed_against_a_hand_computation():
-    # paired differences 1, 2, 3: mean 2, sd 1 -> ⌈4 · 1 / 4⌉ = 1
-    assert core.seeds_needed([1, 2, 3], [0, 0, 0]) == 1
-    # unpaired: s² = s_a² + s_b² = 1 + 1, d = 1 -> ⌈4 · 2 / 1⌉ = 8
-    assert core.seeds_needed([1, 2, 3], [0, 1, 2], paired=False) == 8
+    # paired differences 1, 2, 3: mean 2, sd 1 -> n = 3 (t_{2} = 4.30: 2 > 4.30/√3 = 2.48? no; ...)
+    assert core.seeds_needed([1, 2, 3], [0, 0, 0]) == _least_n(2.0, 1.0) == 4
+    # unpaired: s² = s_a² + s_b² = 1 + 1, d = 1, 2n − 2 degrees of freedom
+    assert core.seeds_needed([1, 2, 3], [0, 1, 2], paired=False) == _least_n(1.0, math.sqrt(2), unpaired=True) == 9
     assert core.seeds_needed([1, 1, 1], [0, 0, 0]) is None      # no spread
     assert core.seeds_needed([1], [0]) is None
 

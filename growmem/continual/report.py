@@ -37,7 +37,7 @@ def aggregate(runs: Sequence[dict]) -> Dict[str, Dict[str, dict]]:
 
 def verdicts(summary: Dict[str, dict], reference: str, key: str = "acc_mean_over_experiences") -> Dict[str, str]:
     """``{method: "better" | "worse" | "tie" | "untested"}`` of each method against ``reference`` on ``key``
-    (:func:`growmem.reporting.compare`: beyond 2 standard errors of the difference, else a tie; paired by
+    (:func:`growmem.reporting.compare`: by a Student t-test at 95 %, else a tie; paired by
     seed when both ran the same seeds — the same stream and class order for both)."""
     ref, ref_seeds = summary[reference][key]["values"], summary[reference]["seeds"]
     out = {}

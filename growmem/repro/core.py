@@ -549,14 +549,14 @@ def grid(spec: dict) -> List[dict]:
 
 # ------------------------------------------------------------------------------------------ verdicts
 #
-# Every claim is decided from per-seed values by one rule: *reproduced* only if the claimed ordering
-# holds beyond K_SE standard errors of the difference, *contradicted* if the opposite holds beyond
-# K_SE standard errors, otherwise *inconclusive* — with the number of seeds at which the present mean
-# difference would lie K_SE standard errors from zero (``n_needed``), where that can be estimated.
-# The comparison itself is :func:`growmem.reporting.compare`.
+# Every claim is decided from per-seed values by one rule (:data:`growmem.reporting.RULE`):
+# *reproduced* only if the claimed ordering holds by a paired Student t-test at 95 % (t quantile with
+# n − 1 degrees of freedom), *contradicted* if the opposite holds by the same test, otherwise
+# *inconclusive* — with the number of seeds at which the present mean difference would pass it
+# (``n_needed``), where that can be estimated. The test itself is :func:`growmem.reporting.compare`.
 
-#: how many standard errors of the difference a claimed ordering must hold by
-K_SE = 2.0
+from ..reporting import CONFIDENCE, seeds_needed  # noqa: E402  (re-exported: the one rule)
+
 #: the fewest seeds a ``cpu`` or ``paper`` preset runs (the paper reports 5, App. F)
 MIN_SEEDS = 3
 REPRODUCED, CONTRADICTED, INCONCLUSIVE = "reproduced", "contradicted", "inconclusive"
@@ -574,27 +574,7 @@ def _values(v) -> Optional[List[float]]:
     return [float(x) for x in v]
 
 
-def seeds_needed(a: Sequence[float], b: Sequence[float], *, paired: bool = True, k: float = K_SE) -> Optional[int]:
-    """The number of seeds (per side) at which ``mean(a) − mean(b)`` — assumed to stay what it is, with
-    the same spread — would be ``k`` standard errors of the difference from zero:
-    ``⌈k² s² / d²⌉``, ``s`` the standard deviation of the per-seed differences (paired) or
-    ``√(s_a² + s_b²)`` (unpaired). None when it cannot be estimated: fewer than two values on a side,
-    no difference at all, or no spread (then the means alone decide)."""
-    from ..reporting import mean_std
-    if len(a) < 2 or len(b) < 2:
-        return None
-    if paired:
-        diffs = [x - y for x, y in zip(a, b)]
-        d, s2 = mean_std(diffs)["mean"], mean_std(diffs)["std"] ** 2
-    else:
-        d = mean_std(a)["mean"] - mean_std(b)["mean"]
-        s2 = mean_std(a)["std"] ** 2 + mean_std(b)["std"] ** 2
-    if d == 0 or s2 == 0:
-        return None
-    return int(math.ceil(k * k * s2 / (d * d)))
-
-
-def beats(a, b, *, margin: float = 0.0, higher: bool = True, paired: bool = True, k: float = K_SE,
+def beats(a, b, *, margin: float = 0.0, higher: bool = True, paired: bool = True, confidence: float = CONFIDENCE,
           names: Tuple[str, str] = ("a", "b")) -> dict:
     """Whether ``a`` beats ``b`` by more than ``margin`` (higher values when ``higher``, lower otherwise),
     decided by :func:`growmem.reporting.compare` on per-seed values: ``{"a", "b", "margin", "higher",
@@ -613,12 +593,12 @@ def beats(a, b, *, margin: float = 0.0, higher: bool = True, paired: bool = True
         raise ValueError(f"{names[0]} vs {names[1]}: a paired comparison needs one value per seed on both sides, "
                          f"got {len(av)} and {len(bv)}")
     shifted = [x - margin for x in av] if higher else [x + margin for x in av]
-    cmp = compare(shifted, bv, higher=higher, k=k, paired=paired)
+    cmp = compare(shifted, bv, higher=higher, confidence=confidence, paired=paired)
     verdict = {"better": REPRODUCED, "worse": CONTRADICTED}.get(cmp, INCONCLUSIVE)
     n = min(len(av), len(bv))
     need = None
     if verdict == INCONCLUSIVE:
-        need = seeds_needed(shifted, bv, paired=paired, k=k)
+        need = seeds_needed(shifted, bv, paired=paired, confidence=confidence)
         if need is not None:
             need = max(need, n + 1)
     return {**part, "difference": mean_std(av)["mean"] - mean_std(bv)["mean"], "comparison": cmp,
@@ -650,25 +630,25 @@ def combine(parts: Sequence[dict], *, rule: str, claim: str = "", mode: str = "a
 
 
 def ordering(values: Dict[str, Any], winners: Sequence[str], losers: Sequence[str], *, higher: bool = True,
-             margin: float = 0.0, paired: bool = True, k: float = K_SE, claim: str = "") -> dict:
+             margin: float = 0.0, paired: bool = True, confidence: float = CONFIDENCE, claim: str = "") -> dict:
     """The claim "every one of ``winners`` beats every one of ``losers``" on per-seed ``values``
     (``{name: [value per seed]}``, in the same seed order for every name), decided part by part
     with :func:`beats` and combined with :func:`combine` (all parts must hold)."""
-    parts = [beats(values.get(w), values.get(l), margin=margin, higher=higher, paired=paired, k=k, names=(w, l))
+    parts = [beats(values.get(w), values.get(l), margin=margin, higher=higher, paired=paired, confidence=confidence, names=(w, l))
              for w in winners for l in losers]
     side = "higher" if higher else "lower"
     rule = (f"each of {', '.join(winners)} {side} than each of {', '.join(losers)}"
-            + (f" by more than {margin:g}" if margin else "") + f", beyond {k:g} standard errors"
+            + (f" by more than {margin:g}" if margin else "") + f", by a paired t-test at {confidence:.0%}"
             + (" (paired by seed)" if paired else ""))
     return combine(parts, rule=rule, claim=claim)
 
 
-def within(a, b, tolerance: float, *, paired: bool = True, k: float = K_SE, names=("a", "b"), claim: str = "") -> dict:
+def within(a, b, tolerance: float, *, paired: bool = True, confidence: float = CONFIDENCE, names=("a", "b"), claim: str = "") -> dict:
     """The claim "``a`` lies within ± ``tolerance`` of ``b``": *reproduced* when ``a`` is both above
-    ``b − tolerance`` and below ``b + tolerance`` beyond ``k`` standard errors, *contradicted* when it
-    is outside that band beyond ``k`` standard errors on either side, else *inconclusive*."""
-    above = beats(a, b, margin=-tolerance, higher=True, paired=paired, k=k, names=names)
-    below = beats(a, b, margin=-tolerance, higher=False, paired=paired, k=k, names=names)
+    ``b − tolerance`` and below ``b + tolerance`` by the t-test, *contradicted* when it
+    is outside that band by the t-test on either side, else *inconclusive*."""
+    above = beats(a, b, margin=-tolerance, higher=True, paired=paired, confidence=confidence, names=names)
+    below = beats(a, b, margin=-tolerance, higher=False, paired=paired, confidence=confidence, names=names)
     parts = [above, below]
     if CONTRADICTED in (above["verdict"], below["verdict"]):
         verdict = CONTRADICTED
@@ -678,7 +658,7 @@ def within(a, b, tolerance: float, *, paired: bool = True, k: float = K_SE, name
         verdict = INCONCLUSIVE
     open_ = [p.get("n_needed") for p in parts if p["verdict"] == INCONCLUSIVE]
     need = max(open_) if verdict == INCONCLUSIVE and open_ and None not in open_ else None
-    return {"claim": claim, "rule": f"{names[0]} within ± {tolerance:g} of {names[1]}, beyond {k:g} standard errors",
+    return {"claim": claim, "rule": f"{names[0]} within ± {tolerance:g} of {names[1]}, by a paired t-test at {confidence:.0%}",
             "verdict": verdict, "n_needed": need, "parts": parts}
 
 

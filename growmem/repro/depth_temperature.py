@@ -10,7 +10,7 @@ largest possible readout score ``√d / T`` at the best T (Fig. 3's caption: 5.5
 
 Every (L, T) runs on every seed; the best T of a depth is the one with the highest mean (an (L, T)
 whose loss diverged on a seed is listed in ``summary.diverged`` and left out). Claims
-(Fig. 3), each beyond 2 standard errors, paired by seed: accuracy improves with depth (every
+(Fig. 3), each by a paired Student t-test at 95 %: accuracy improves with depth (every
 deeper net, at its best T, above L = 0 at its best T); the dependence on T is not monotonic (the
 best interior T of the deepest net above both ends of the grid); the linearised nets lose much
 accuracy (more than 10 points at every depth's best T).
@@ -121,7 +121,7 @@ def run(ctx: Context, cfg: dict) -> dict:
     claims["linearisation_severe"] = core.combine(
         [core.beats(acc[L][best_T[L]], lin[L][best_T[L]], margin=SEVERE_DROP, names=(f"L={L}", f"L={L} linearised"))
          for L in acc], claim="replacing exp by 1 + a after training costs more than 10 points at every depth",
-        rule=f"trained above linearised by more than {SEVERE_DROP:g} at every depth's best T, beyond 2 standard "
+        rule=f"trained above linearised by more than {SEVERE_DROP:g} at every depth's best T, by a paired t-test at 95 % "
              "errors (paired by seed)")
     ov = core.overall(claims)
     metrics = {f"accuracy/L={L}/T={T}": core.metric(v) for L, a in acc.items() for T, v in a.items()}

@@ -10,7 +10,7 @@ divided by 4N (F.4).
 
 Every τ and full growth run on every seed. ``summary.full_growth_accuracy``, ``summary.points`` =
 [{tau, capacity_fraction, accuracy}] (means; ``summary.metrics`` has mean ± std). Claims (Fig. 5:
-"retains high test accuracy, degrading gracefully"), beyond 2 standard errors, paired by seed:
+"retains high test accuracy, degrading gracefully"), by a paired Student t-test at 95 %:
 
 * ``claims.goal`` (issue 3/12): some τ keeps at most 20 % of full capacity (its capacity below
   0.20) and loses less than 2 points against full growth (its accuracy above full growth − 0.02);
@@ -75,14 +75,14 @@ def goal_and_graceful(full: dict, points: list) -> dict:
                                        claim=f"tau={p['tau']:.3g}"))
     goal = core.combine(goal_parts, mode="any", claim="some τ keeps at most 20 % of full capacity within 2 points "
                         "of full growth", rule="for some τ: capacity below 0.20 and accuracy above full growth − 0.02, "
-                        "each beyond 2 standard errors (paired by seed)")
+                        "each by a paired t-test at 95 %")
     mean = lambda v: sum(v) / len(v)
     ordered = sorted(points, key=lambda p: mean(p["capacity_fraction"])) + [{"tau": None, **full}]
     name = lambda p: "full growth" if p["tau"] is None else f"tau={p['tau']:.3g}"
     graceful = core.combine([core.beats(hi["accuracy"], lo["accuracy"], names=(name(hi), name(lo)))
                              for lo, hi in zip(ordered, ordered[1:])],
                             claim="accuracy falls as capacity shrinks",
-                            rule="between neighbouring capacities the larger tests higher, beyond 2 standard errors "
+                            rule="between neighbouring capacities the larger tests higher, by a paired t-test at 95 % "
                                  "(paired by seed)")
     return {"goal": goal, "graceful": graceful}
 

@@ -13,7 +13,7 @@ Every run repeats on every seed. ``summary.swept`` ({T: mean accuracy}), ``summa
 ({T₀: mean ± std accuracy, the learned temperatures per layer}) for every start, and their
 ``spread`` (the range of the learned runs' mean accuracies over the starts). The claim — a
 learned T lands no more than 0.5 points below the best swept T (the one with the highest mean),
-beyond 2 standard errors, paired by seed — is decided for every start T₀ (``claims.from_T0=…``),
+by a paired Student t-test at 95 % — is decided for every start T₀ (``claims.from_T0=…``),
 and holds only if it holds from all of them (``claims.from_every_start``); the table names the
 starts it holds from.
 """
@@ -91,7 +91,7 @@ def run(ctx: Context, cfg: dict) -> dict:
                                             names=(f"learned from T0={t}", f"swept T={best_T}"))
                  for t in acc_learned}
     every = core.combine(list(per_start.values()), claim="a learned T matches the best hand-swept T from every start",
-                         rule=f"learned no more than {TOLERANCE:g} below the best swept T, beyond 2 standard errors "
+                         rule=f"learned no more than {TOLERANCE:g} below the best swept T, by a paired t-test at 95 % "
                               "(paired by seed), from every start")
     claims = {"from_every_start": every}
     ov = core.overall(claims)

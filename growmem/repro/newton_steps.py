@@ -9,8 +9,8 @@ every k the best configuration of the (lr, λ, γ) grid on the first seed is kep
 "exact"}`` (means; ``summary.metrics`` has mean ± std); ``summary.residual_by_steps`` is
 ``‖I − M X_k‖_F / √d`` of the first layer's final ``M`` (how far k steps are from the inverse).
 
-Claims (Table 8: "generalization saturates with 10 iterations"), paired by seed, beyond 2 standard
-errors: 5 steps fall short of 10 (``claims.five_short``); 10 steps lie within ± 0.5 points of the
+Claims (Table 8: "generalization saturates with 10 iterations"), by a paired Student t-test at 95 %:
+5 steps fall short of 10 (``claims.five_short``); 10 steps lie within ± 0.5 points of the
 exact inverse (``claims.ten_match_exact``).
 """
 from __future__ import annotations

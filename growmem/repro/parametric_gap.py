@@ -10,7 +10,7 @@ evaluated on training images (the first ``train_eval``) and on test images.
 The parametric softmax's Adam lr and T are chosen on the first seed (App. F.1); both models then
 run on every seed. ``summary.gap`` (train − test accuracy at the end), ``summary.gap_first`` (after
 the first epoch), ``summary.test_accuracy``, ``summary.train_accuracy`` (means; ``summary.metrics``
-has mean ± std); claims (Fig. 4), each beyond 2 standard errors, paired by seed: the parametric
+has mean ± std); claims (Fig. 4), each by a paired Student t-test at 95 %: the parametric
 model's gap widens (last epoch above the first), it ends larger than GWS's, and GWS reaches the
 higher test accuracy. ``psm_width`` caps the parametric softmax's width where the GWS memory is too
 large to train as parameters here (None: as wide as the GWS memory, the paper's setting).

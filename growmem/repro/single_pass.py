@@ -12,7 +12,7 @@ training subset and its order, the initialisation).
 ``summary.metrics["accuracy/<model>"]`` (mean ± std over seeds) and ``summary.rows.<model>`` (rows
 stored after the pass, all layers; the training points a kNN / kernel machine keeps; 0 for an MLP);
 ``summary.claims.growing_beats_mlps`` (Fig. 2/Right: GWS and RBF each above every parametric MLP,
-beyond 2 standard errors, paired by seed); on all of MNIST ``summary.bar`` compares GWS / gauge /
+by a paired Student t-test at 95 %); on all of MNIST ``summary.bar`` compares GWS / gauge /
 RBF with the public reference implementation's single pass on this machine (issue 12: 98.10 %,
 98.30 %, 96.37 %, within ± 0.5 points).
 """

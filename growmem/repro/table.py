@@ -4,7 +4,7 @@ regenerates ``README_TABLE.md``).
 
 Each experiment's ``table(doc)`` gives ``(claim, paper number, measured, claim record)`` rows; the
 verdict column is :func:`growmem.repro.core.verdict` of that record (the rule of
-:mod:`growmem.repro.core`: reproduced / contradicted beyond 2 standard errors, else inconclusive
+:mod:`growmem.repro.core`: reproduced / contradicted by a paired Student t-test at 95 %, else inconclusive
 with the seeds that would decide it). A JSON written before experiments ran several seeds (no
 ``summary.metrics``) is listed as such, not given a verdict."""
 from __future__ import annotations
