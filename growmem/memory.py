@@ -162,9 +162,10 @@ def pad_rows_to(a, capacity: int):
     return a[:capacity]
 
 
-def with_capacity(mem: Memory, capacity: int) -> Memory:
-    """Host op: a copy of ``mem`` whose arrays hold ``capacity`` rows (never truncates rows in use)."""
-    c = round_capacity(capacity)
+def with_capacity(mem: Memory, capacity: int, quantum: int = ROW_QUANTUM) -> Memory:
+    """Host op: a copy of ``mem`` whose arrays hold ``capacity`` rows rounded up to ``quantum`` (1: exactly;
+    never truncates rows in use)."""
+    c = round_capacity(capacity, quantum)
     if c < int(mem.size):
         raise ValueError(f"cannot shrink a memory of {int(mem.size)} rows to capacity {c}")
     if c == mem.capacity:

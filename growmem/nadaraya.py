@@ -20,15 +20,30 @@ flows through the kernel's custom VJP (``∂/∂T`` of every chunk's partial sum
 
 **Budgets.** With ``budget_bytes`` the memory counts its rows at their stored dtype (w float32,
 k and ṽ in ``row_dtype``, born int32), its key space and its T, and keeps them within the budget
-*as allocated*: each regime's capacity is the rung of a ×1.125 ladder just above its rows, so
-the rows in use are held to ``(budget rows − 256 · regimes) / 1.125``. When a batch takes it
-past that, it evicts rows from the largest (regime, class) group until it fits:
+*as allocated*. A key space of one regime (DCT, identity, projection keys) allocates exactly the
+``R`` rows the budget holds, once, and keeps ``R − B`` in use between batches (``B`` the largest batch
+observed: the room a batch is stored into before the budget is enforced); a key space of several
+regimes gives each regime the rung of a ×1.125 ladder just above its rows, so the rows in use are
+held to ``(budget rows − 256 · regimes) / 1.125``. When a batch takes it past that, it evicts rows
+from the largest (regime, class) group until it fits:
 
 * ``redundant`` — among ``candidates ×`` as many random rows of the group as must go, those
   best explained by the others: the largest leave-one-out margin ``ŷ_{−i}[y_i] − max_{c≠y_i}
   ŷ_{−i}[c]`` (computed exactly from the row's regime partial minus its own term);
 * ``random`` — uniformly within the group (class-balanced reservoir-like);
-* ``oldest`` — the oldest rows of the group.
+* ``oldest`` — the oldest rows of the group;
+* ``merge`` — nothing is thrown away: rows become prototypes (one regime only). Once the budget's
+  ``R`` rows are in use, rows are merged by Ward's criterion: merging rows ``a`` and ``b`` into their
+  ``w``-weighted mean (``w_a + w_b`` samples) raises the memory's quantisation error
+  ``Σ_rows Σ_{samples of the row} ‖q − k‖²`` by ``w_a w_b/(w_a + w_b) ‖k_a − k_b‖²``. A sample of a
+  class that holds its share of rows (as many as the largest class) is absorbed by its nearest row of
+  its class (``w ← w + 1``, ``k ← k + (q − k)/w``: the running mean, an exact SGD step of step size
+  ``1/w`` on ``½‖q − k‖²``) when that costs less than the cheapest merge of two of the class's rows
+  (searched among ``candidates`` random rows and every row of the class); else that pair merges and
+  the sample takes the freed row. A sample of a smaller class takes a row of the largest class,
+  freed by its cheapest merge. The estimator weighs each prototype by the samples it absorbed
+  (``w`` in (NW-1)). Ward's cost keeps a row near a class's centre from absorbing the whole class
+  (the nearest-mean rule alone does: the mean is nearer to most samples than any sample is).
 
 Nothing non-finite enters: a candidate row whose key or target is not finite is dropped and
 counted (``dropped``).
@@ -48,7 +63,9 @@ from . import memory as memlib
 from .keyspaces import KeySpace
 
 NW = kernels.NADARAYA_WATSON
-EVICTIONS = ("redundant", "random", "oldest")
+EVICTIONS = ("redundant", "random", "oldest", "merge")
+#: the counters of a target memory, in the order its state saves them
+COUNTS = ("seen", "stored", "evicted", "dropped", "merged")
 #: a floor on ŷ_y in the cross-entropy of the bandwidth update
 _P_FLOOR = 1e-12
 
@@ -272,13 +289,18 @@ class TargetMemory:
         self.keys = keys
         self.d_out = int(d_out)
         self.row_dtype = memlib.row_dtype(row_dtype)
+        #: a budget over one regime: one allocation of exactly the rows it holds (module docstring)
+        self.fixed = budget_bytes is not None and keys.n_regimes == 1
+        if evict == "merge" and keys.n_regimes != 1:
+            raise ValueError(f"evict='merge' keeps prototypes in one regime; the {keys.name} key space has "
+                             f"{keys.n_regimes} (use evict='random', or DCT / identity / projection keys)")
         if budget_bytes is not None:
-            need = keys.reserved_bytes() + 8 + 2 * memlib.ROW_QUANTUM * self.row_bytes
+            least = self.d_out if self.fixed else 2 * memlib.ROW_QUANTUM
+            need = keys.reserved_bytes() + 8 + least * self.row_bytes
             if budget_bytes < need:
                 raise ValueError(f"a memory budget of {int(budget_bytes)} B cannot hold the key space's state "
                                  f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus "
-                                 f"{2 * memlib.ROW_QUANTUM} rows ({self.row_bytes} B each); raise the budget to at "
-                                 f"least {need} B")
+                                 f"{least} rows ({self.row_bytes} B each); raise the budget to at least {need} B")
         self.log_t = float(math.log(temperature))
         self.learn_temperature = bool(learn_temperature)
         self.lr, self.clip = float(lr), float(clip)
@@ -290,7 +312,8 @@ class TargetMemory:
         self.mems: List[memlib.Memory] = []
         self.labels: List[np.ndarray] = []          # host copy of each row's class (argmax ṽ), for eviction groups
         self.step_count = 0
-        self.counts = {"seen": 0, "stored": 0, "evicted": 0, "dropped": 0}
+        self.headroom = 0                           # the largest batch observed (room kept free under a budget)
+        self.counts = {"seen": 0, "stored": 0, "evicted": 0, "dropped": 0, "merged": 0}
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -361,6 +384,12 @@ class TargetMemory:
         so far, then the batch stored (through the key space's routing) and the budget enforced."""
         x = self._inputs(x)
         yv = self._targets(y, len(x))
+        if self.fixed and self.evict != "merge" and len(x) > self.headroom:
+            if len(x) > self._rows_held() - self.d_out:
+                raise ValueError(f"a batch of {len(x)} samples does not fit a target memory whose budget holds "
+                                 f"{self._rows_held()} rows ({self.d_out} kept for the classes): use smaller "
+                                 f"batches or raise the budget")
+            self.headroom = len(x)
         u = self.keys.prepare(x)
         loss = float("nan")
         if self.mems and self.learn_temperature and self.lr > 0:
@@ -371,7 +400,8 @@ class TargetMemory:
                 self.log_t -= self.lr * max(-self.clip, min(self.clip, g))
         stored = 0
         for j, uj, yj in self.keys.route(np.asarray(u), yv):
-            stored += self._store(j, uj, yj)
+            stored += self._merge_store(j, uj, yj) if (self.evict == "merge" and self.fixed) else \
+                self._store(j, uj, yj)
         self.counts["seen"] += len(x)
         evicted = self._enforce_budget()
         self.step_count += 1
@@ -384,13 +414,20 @@ class TargetMemory:
             self.labels.append(np.zeros(0, np.int16))
         return self.mems[j]
 
+    def _rows_held(self) -> int:
+        """``R_b``: the rows the budget holds beside the key space's state and T."""
+        return int((self.budget_bytes - self.keys.nbytes() - 8) // self.row_bytes)
+
     def _budget_rows(self) -> Optional[int]:
-        """Rows that may be in use so that the rows as allocated fit the budget: every regime's
-        capacity is at most ``g·size + quantum`` (:func:`ladder`), so ``Σ size ≤ (R_b − quantum·n)/g``
-        with ``R_b`` the rows the budget holds beside the key space and ``n`` the regimes."""
+        """Rows that may be in use so that the rows as allocated fit the budget: one regime allocates
+        ``R_b`` rows and keeps a batch of room, ``R_b − B``; else every regime's capacity is at most
+        ``g·size + quantum`` (:func:`ladder`), so ``Σ size ≤ (R_b − quantum·n)/g`` with ``n`` the
+        regimes."""
         if self.budget_bytes is None:
             return None
-        rows = (self.budget_bytes - self.keys.nbytes() - 8) // self.row_bytes
+        rows = self._rows_held()
+        if self.fixed:
+            return rows - self.headroom             # (merge: headroom stays 0, every row in use)
         n = max(1, len(self.mems), self.keys.n_regimes)
         return max(0, int((rows - memlib.ROW_QUANTUM * n) / LADDER_GROWTH))
 
@@ -403,7 +440,9 @@ class TargetMemory:
         if n == 0:
             return 0
         size = len(self.labels[j])
-        if size + len(y) > mem.capacity:
+        if self.fixed and mem.capacity != self._rows_held():
+            mem = memlib.with_capacity(mem, self._rows_held(), quantum=1)    # the one allocation
+        elif size + len(y) > mem.capacity:
             mem = memlib.with_capacity(mem, ladder(size + len(y)))
         mem = _append(mem, k, jnp.asarray(y), jnp.int32(self.step_count), jnp.asarray(ok))
         self.mems[j] = mem
@@ -411,6 +450,71 @@ class TargetMemory:
         self.labels[j] = np.concatenate([self.labels[j], lab])
         self.counts["stored"] += n
         return n
+
+    def _merge_store(self, j: int, u, y) -> int:
+        """``evict="merge"`` under a budget (module docstring): the batch's samples, in order, are stored
+        while there is room, then merged by Ward's criterion. Host-side over the regime's ``R`` rows;
+        returns the rows newly stored."""
+        mem = self._regime(j)
+        held = self._rows_held()
+        if mem.capacity != held:
+            mem = memlib.with_capacity(mem, held, quantum=1)
+        k = np.asarray(_project(self._kparams(), jnp.asarray(u), project=self.keys.project)[0][j], np.float32)
+        ok = np.all(np.isfinite(k), axis=1) & np.all(np.isfinite(y), axis=1)
+        self.counts["dropped"] += int((~ok).sum())
+        if not ok.any():
+            self.mems[j] = mem
+            return 0
+        K, W = np.array(mem.k, np.float32), np.array(mem.w, np.float32)
+        V, born = np.array(mem.v, np.float32), np.array(mem.born, np.int32)
+        lab = np.concatenate([self.labels[j], np.zeros(held - len(self.labels[j]), np.int16)])
+        size, stored, merged = len(self.labels[j]), 0, 0
+        counts = np.bincount(lab[:size], minlength=self.d_out)
+
+        def cheapest_pair(group):
+            """``(cost, b, a)``: the cheapest Ward merge of a candidate row ``b`` into a row ``a`` of ``group``."""
+            cand = self.rng.choice(group, min(len(group), self.candidates), replace=False)
+            d2 = ((K[cand][:, None, :] - K[group][None, :, :]) ** 2).sum(-1)
+            cost = d2 * (W[cand][:, None] * W[group][None, :]) / (W[cand][:, None] + W[group][None, :])
+            cost[cand[:, None] == group[None, :]] = np.inf
+            ci, gi = np.unravel_index(int(np.argmin(cost)), cost.shape)
+            return float(cost[ci, gi]), int(cand[ci]), int(group[gi])
+
+        for q, t in zip(k[ok], y[ok]):
+            c = int(np.argmax(t)) if self.classify else 0
+            if size < held:
+                dst = size
+                size += 1
+            else:
+                own = counts[c] >= counts.max()
+                group = np.flatnonzero(lab[:size] == (c if own else int(np.argmax(counts))))
+                cost, b, a = cheapest_pair(group) if len(group) > 1 else (math.inf, -1, -1)
+                if own:
+                    n = group[int(np.argmin(((K[group] - q) ** 2).sum(1)))]
+                    if ((K[n] - q) ** 2).sum() * W[n] / (W[n] + 1.0) <= cost:     # absorbed: the running mean
+                        W[n] += 1.0
+                        K[n] += (q - K[n]) / W[n]
+                        V[n] += t
+                        merged += 1
+                        continue
+                if b < 0:
+                    continue                                    # a class of one row keeps it
+                K[a] = (W[a] * K[a] + W[b] * K[b]) / (W[a] + W[b])
+                W[a] += W[b]
+                V[a] += V[b]
+                merged += 1
+                counts[lab[b]] -= 1
+                dst = b
+            K[dst], W[dst], V[dst], born[dst], lab[dst] = q, 1.0, t, self.step_count, c
+            counts[c] += 1
+            stored += 1
+        self.mems[j] = mem.replace(k=jnp.asarray(K, mem.k.dtype), w=jnp.asarray(W, mem.w.dtype),
+                                   v=jnp.asarray(V, mem.v.dtype), born=jnp.asarray(born, jnp.int32),
+                                   size=jnp.asarray(size, jnp.int32))
+        self.labels[j] = lab[:size].astype(np.int16)
+        self.counts["stored"] += stored
+        self.counts["merged"] += merged
+        return stored
 
     def _enforce_budget(self) -> int:
         cap = self._budget_rows()
@@ -431,7 +535,7 @@ class TargetMemory:
                 total += int(d.sum())
         for j, mem in enumerate(self.mems):       # give back room past each regime's rung
             fit = ladder(len(self.labels[j]))
-            if mem.capacity > fit:
+            if mem.capacity > fit and not self.fixed:
                 self.mems[j] = memlib.with_capacity(mem, fit)
         self.counts["evicted"] += total
         return total
@@ -454,7 +558,8 @@ class TargetMemory:
     def state(self) -> Dict[str, np.ndarray]:
         """Everything needed to resume exactly, as numpy arrays (rows at their stored dtypes)."""
         st = {"log_t": np.asarray(self.log_t, np.float64), "step": np.asarray(self.step_count, np.int64),
-              "counts": np.asarray([self.counts[k] for k in ("seen", "stored", "evicted", "dropped")], np.int64),
+              "headroom": np.asarray(self.headroom, np.int64),
+              "counts": np.asarray([self.counts[k] for k in COUNTS], np.int64),
               "n_regimes": np.asarray(len(self.mems), np.int64),
               "rng": np.frombuffer(repr(self.rng.bit_generator.state).encode(), np.uint8)}
         for j, mem in enumerate(self.mems):
@@ -471,7 +576,8 @@ class TargetMemory:
 
         self.log_t = float(st["log_t"])
         self.step_count = int(st["step"])
-        self.counts = dict(zip(("seen", "stored", "evicted", "dropped"), (int(c) for c in st["counts"])))
+        self.headroom = int(st["headroom"]) if "headroom" in st else 0
+        self.counts = {**dict.fromkeys(COUNTS, 0), **dict(zip(COUNTS, (int(c) for c in st["counts"])))}
         self.rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(st["rng"], np.uint8)).decode())
         self.keys.load_state({k[len("keys_"):]: v for k, v in st.items() if k.startswith("keys_")})
         self.mems, self.labels = [], []
