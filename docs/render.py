@@ -132,8 +132,8 @@ def render_continual(doc) -> str:
     for st, rows in doc["summary"].items():
         ref = cfg["methods"][st][0]
         order = sorted(rows, key=lambda m: -rows[m]["accuracy_mean"])
-        out += (f"\n**{st}** ({len(order)} methods; `vs {ref}`: better / worse beyond 2 standard errors of the "
-                "difference, paired by seed, else a tie; `–`: one seed, not compared)\n\n")
+        out += (f"\n**{st}**, offline (epochs per experience as tuned on validation) ({len(order)} methods; `vs {ref}`: better / worse by a paired Student t-test at 95 %, "
+                "else a tie; `–`: one seed, not compared)\n\n")
         out += table(["method", "what it is", "final accuracy", "forgetting", f"vs `{ref}`", "peak MB", "wall s"],
                      [[f"`{m}`", rows[m]["description"], _acc(rows[m]),
                        "–" if rows[m]["forgetting"] is None else f"{rows[m]['forgetting']:.4f}",
@@ -170,7 +170,7 @@ CONTINUAL_FINDINGS = (
 
 @renderer("continual_findings", "continual.json", "continual_ablation.json")
 def render_continual_findings(doc, ablation) -> str:
-    """The README's comparisons, decided like every verdict (paired by seed, beyond 2 standard errors)."""
+    """The README's comparisons, decided like every verdict (a paired Student t-test at 95 %)."""
     from growmem.reporting import compare
 
     rows = []
@@ -178,7 +178,7 @@ def render_continual_findings(doc, ablation) -> str:
         s = doc["summary"][st]
         if s[a]["seeds"] > 1 and s[a]["seeds"] == s[b]["seeds"]:
             call = compare(s[a]["accuracy_values"], s[b]["accuracy_values"], paired=True)
-            said = {"better": "first higher", "worse": "first lower", "tie": "a tie (within 2 standard errors)"}[call]
+            said = {"better": "first higher", "worse": "first lower", "tie": "a tie (the t-test at 95 % does not tell them apart)"}[call]
         else:
             said = "not compared (one seed)"
         rows.append([f"{st}: {what}", f"`{a}` {_acc(s[a])}", f"`{b}` {_acc(s[b])}", said])
@@ -204,6 +204,70 @@ def render_continual_findings(doc, ablation) -> str:
                                   "untested": "untested"}[r[f"{k}_vs_full"]]])
     return table(["comparison (final accuracy; drifting: accuracy on the current teacher, prequential)",
                   "first", "second", "verdict"], rows)
+
+
+def _mean_sd(r) -> str:
+    """``mean ± std (n)`` of a frontier row (``seeds`` a list)."""
+    n = len(r["seeds"])
+    return f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} ({n})" if n > 1 else f"{r['accuracy_mean']:.4f} (1)"
+
+
+@renderer("continual_frontier", "continual_frontier.json")
+def render_continual_frontier(doc) -> str:
+    """Per stream: every method's final accuracy (mean ± std over seeds, n) at every budget, the verdict
+    of the best growmem method against the best other one, and the ablation."""
+    out = ""
+    for st, by_budget in doc["summary"].items():
+        budgets = sorted(by_budget, key=int)
+        methods = list(dict.fromkeys(m for b in budgets for m in by_budget[b]))
+        methods.sort(key=lambda m: (not any(by_budget[b][m]["growmem"] for b in budgets if m in by_budget[b]), m))
+        rows = []
+        for m in methods:
+            cells = []
+            for b in budgets:
+                r = by_budget[b].get(m)
+                cells.append("–" if r is None else _mean_sd(r) + ("" if r["within_budget"] else " (over)"))
+            gm = any(by_budget[b][m]["growmem"] for b in budgets if m in by_budget[b])
+            rows.append([f"**`{m}`**" if gm else f"`{m}`"] + cells)
+        verdict = []
+        calls = doc["verdicts"][st] if st in doc["verdicts"] else {}
+        for b in budgets:
+            v = calls[b] if b in calls else None
+            verdict.append("–" if v is None else f"`{v['growmem']}` vs `{v['other']}`: {v['difference']:+.4f}, "
+                                                  f"**{v['verdict']}** ({len(v['seeds'])} seeds)")
+        rows.append(["best growmem vs best other"] + verdict)
+        out += (f"\n**{st}**, {doc['protocol']} (batches of {doc['config']['online_batch']}, one pass; final accuracy, "
+                f"mean ± std (seeds); growmem's methods in bold; {doc['config']['rule']})\n\n")
+        out += table(["method"] + [f"{mb(int(b))} MB" for b in budgets], rows)
+    for st, by_budget in doc["ablation"].items():
+        for b, rows in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            out += f"\n**Ablation of `{doc['config']['ablated']}`**, {st} at {mb(int(b))} MB (paired by seed)\n\n"
+            out += table(["variant", "final accuracy", "vs full", "difference", "peak MB"],
+                         [[v, _mean_sd(r), r["vs_full"] if "vs_full" in r else "–",
+                           "–" if "difference_vs_full" not in r else f"{r['difference_vs_full']:+.4f}",
+                           mb(r["bytes_peak"])] for v, r in rows.items()])
+    out += "\nPublished anchors, not rerun (their models and memory counted differently):\n\n" + table(
+        ["method", "stream", "protocol", "samples stored", "accuracy", "source"],
+        [[a["method"], a["stream"], a["protocol"], f"{a['samples']:,}", f"{a['accuracy']:.3f}", a["source"]]
+         for a in doc["config"]["anchors"]])
+    loads = [max(i["load_average_after"]) for i in doc["invocations"]]
+    cmds = "; ".join(dict.fromkeys(f"`{i['command']}`" for i in doc["invocations"] if "combined" not in i))
+    return out + (f"\n*From `benchmarks/results/continual_frontier.json` (preset `{doc['preset']}`; {len(doc['invocations'])} "
+                  f"invocations, load average after them up to {max(loads):.1f}; {cmds}).*\n")
+
+
+@renderer("frontier_findings", "continual_frontier.json")
+def render_frontier_findings(doc) -> str:
+    """The README's frontier: per stream and budget, the best growmem method against the best other one."""
+    rows = []
+    for st, by_budget in doc["verdicts"].items():
+        for b, v in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            g, o = doc["summary"][st][b][v["growmem"]], doc["summary"][st][b][v["other"]]
+            said = {"better": "growmem higher", "worse": "growmem lower", "tie": "a tie",
+                    "untested": "untested (one seed)"}[v["verdict"]]
+            rows.append([f"{st}, {doc['protocol']}, {mb(int(b))} MB", f"`{v['growmem']}` {_mean_sd(g)}",
+                         f"`{v['other']}` {_mean_sd(o)}", said])
+    return table(["stream, protocol, budget", "best growmem method", "best other method", "paired t-test at 95 %"], rows)
 
 
 @renderer("continual_ablation", "continual_ablation.json")

@@ -370,3 +370,26 @@ def test_online_mode_is_one_pass_for_every_method_and_epochs_per_method_are_chec
         run_continual(bm, methods=["naive"], epochs={"ewc": 2}, progress=False)
     with pytest.raises(TypeError, match="train_stream"):
         make_stream(object())
+
+
+def test_a_failing_call_leaves_its_folders_free_for_the_next_one_at_once(tmp_path):
+    """The folder locks are released in a ``finally``, not when the failed call's frame is collected: the
+    same --out and checkpoint folder take the next call at once, while the exception's traceback (and so
+    the failed frame) is still alive."""
+    bm = _class_benchmark()[0]
+    out, ck = tmp_path / "out", tmp_path / "ck"
+
+    def boom(info):
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here") as failure:
+        run_continual(bm, methods=["growmem"], seeds=[0], out=out, checkpoint_dir=ck, on_batch=boom,
+                      progress=False, verbose=False)
+    assert failure.value.__traceback__ is not None                      # the failed frames are still referenced
+    doc = run_continual(bm, methods=["growmem"], seeds=[0], out=out, checkpoint_dir=tmp_path / "ck2",
+                        progress=False, verbose=False)
+    assert (out / "continual.json").is_file() and doc["runs"][0]["seed"] == 0
+    # the failed call saved no checkpoint: it left nothing behind, so its checkpoint folder takes a new run
+    doc = run_continual(bm, methods=["growmem"], seeds=[0], out=tmp_path / "out2", checkpoint_dir=ck,
+                        progress=False, verbose=False)
+    assert len(doc["runs"]) == 1

@@ -19,6 +19,14 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
 ``replay_N``     ``Replay`` with a buffer of N samples (``replay_1000``, ``replay_4400``, any N)
 ``replay_bytes`` ``Replay`` with as many samples as the memory budget holds next to the model and
                  its optimizer state (budget-matched replay; needs a budget)
+``er_<policy>:<store>`` online experience replay (:class:`OnlineReplay` on Avalanche's ``Naive``): every
+                 mini-batch of 10 stream samples is trained on together with 10 samples drawn from a
+                 buffer, then offered to it — ``reservoir`` (uniform over the stream) or
+                 ``balanced`` (class-balanced reservoir); the buffer holds ``raw`` 8-bit images or
+                 ``dct`` codes (the target_dct preset's keys, bfloat16) and as many samples as the
+                 budget holds beside the model; the recipe is Avalanche's online-replay baseline
+                 (SGD lr 0.1, one hidden layer), its width the widest of 512/256/.../4 units
+                 whose parameters take at most half the budget
 ``cumulative``   ``Cumulative`` (retrains on everything seen so far)
 ``joint``        ``JointTraining`` (the whole stream at once, offline: the upper bound)
 =============== ============================================================================
@@ -40,6 +48,7 @@ from ``(seed, experience)`` before every experience), so it ends with the same r
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import pickle
@@ -57,8 +66,12 @@ require_avalanche()
 import torch  # noqa: E402
 from avalanche.core import SupervisedPlugin  # noqa: E402
 
-BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint")
+BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint",
+             "er_reservoir:raw", "er_balanced:raw", "er_reservoir:dct", "er_balanced:dct")
 _REPLAY = re.compile(r"^replay_(\d+)$")
+_ER = re.compile(r"^er_(reservoir|balanced):(raw|dct)$")
+#: hidden widths an online-replay MLP may take: the widest whose parameters fit half the budget
+ER_WIDTHS = (512, 256, 128, 64, 32, 16, 8, 4)
 
 #: the shared settings of every baseline (see the module docstring)
 SETTINGS: Dict[str, Any] = {
@@ -68,6 +81,9 @@ SETTINGS: Dict[str, Any] = {
 }
 #: what each method's recipe changes (its published or documented settings)
 RECIPES: Dict[str, Dict[str, Any]] = {
+    # Avalanche's online replay on Split-MNIST (continual-learning-baselines, experiments/split_mnist/
+    # online_replay.py): SGD lr 0.1 without momentum, 10 stream + 10 buffer samples a step, one pass
+    "er": {"hidden_layers": 1, "lr": 0.1, "momentum": 0.0, "train_mb_size": 10, "batch_size_mem": 10, "epochs": 1},
     "gdumb": {"model": "gdumb_mlp", "lr": 0.05, "min_lr": 0.0005, "weight_decay": 1e-6, "train_mb_size": 16,
               "clip": 10.0, "schedule": "gdumb", "epochs": 128, "mem_size": 4400,
               "drop_last": True},   # batch norm needs two samples: a last batch of one is dropped
@@ -92,7 +108,7 @@ def check_baseline(name: str) -> str:
 def recipe(name: str, stream_name: str, settings: Optional[dict] = None) -> Dict[str, Any]:
     """The settings ``name`` trains with on ``stream_name``: shared defaults, its recipe, the tuned
     values, then ``settings``."""
-    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else name
+    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else "er" if _ER.match(name) else name
     out = {**SETTINGS, **RECIPES.get(family, {}), **TUNED.get(stream_name, {}).get(family, {}),
            **TUNED.get(stream_name, {}).get(name, {}), **(settings or {})}
     m = _REPLAY.match(name)
@@ -115,6 +131,146 @@ def replay_capacity(budget_bytes: int, fixed_bytes: int, sample_bytes: int) -> i
         raise ValueError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
                          f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
     return int(n)
+
+
+def is_online_replay(name: str) -> bool:
+    return bool(_ER.match(name))
+
+
+def er_codes(name: str, input_size: int):
+    """The fixed map an online-replay buffer stores (``dct``: the target_dct preset's key space), or None."""
+    if _ER.match(name).group(2) == "raw":
+        return None
+    from growmem import config
+
+    return config.load("target_dct").key_space(int(input_size))
+
+
+def er_width(budget_bytes: int, n_in: int, n_classes: int) -> int:
+    """The widest of :data:`ER_WIDTHS` whose one-hidden-layer MLP's float32 parameters take at most half
+    of ``budget_bytes``."""
+    for h in ER_WIDTHS:
+        if 4 * (n_in * h + h + h * n_classes + n_classes) <= budget_bytes // 2:
+            return h
+    raise ValueError(f"a memory budget of {budget_bytes} B does not hold an online-replay MLP of {ER_WIDTHS[-1]} "
+                     f"hidden units on {n_in} inputs in half of it: raise --memory-budget")
+
+
+class OnlineReplay(SupervisedPlugin):
+    """Online experience replay (ER: Chaudhry et al. 2019, "On tiny episodic memories in continual
+    learning"; Avalanche's online-replay baseline). Before each forward pass the mini-batch of stream
+    samples gets ``batch_size_mem`` samples drawn uniformly (with replacement) from the buffer; after the
+    update the stream samples are offered to the buffer of ``mem_size`` samples:
+
+    * ``reservoir`` — Vitter's reservoir over the whole stream: the ``n``-th sample enters with
+      probability ``mem_size / n``, replacing a uniform victim;
+    * ``balanced`` — class-balanced reservoir (CBRS, Chrysakis & Moens 2020): while the buffer is full,
+      a sample of a class that is not the largest replaces a random sample of the largest class; a
+      sample of the largest class enters with probability ``m_c / n_c`` (its class's samples in the
+      buffer over those seen) replacing a random sample of its own class.
+
+    ``codes``: a fixed key space (:mod:`growmem.keyspaces`) the inputs pass through before the model and
+    the buffer (its unit-norm keys times √d; the buffer then holds bfloat16 codes); without it the buffer holds 8-bit pixels
+    (``normalize``: the stream's ``(mean, std)``), decoded when drawn. ``nbytes`` counts what is stored.
+    """
+
+    def __init__(self, mem_size: int, batch_size_mem: int, policy: str, n_classes: int, *, seed: int = 0,
+                 codes=None, normalize=(0.1307, 0.3081)):
+        super().__init__()
+        if policy not in ("reservoir", "balanced"):
+            raise unknown("online replay buffer policy", policy, ("reservoir", "balanced"))
+        if int(mem_size) < 1 or int(batch_size_mem) < 1:
+            raise ValueError(f"mem_size and batch_size_mem must be >= 1, got {mem_size}, {batch_size_mem}")
+        self.mem_size, self.batch_size_mem, self.policy = int(mem_size), int(batch_size_mem), policy
+        self.n_classes, self.codes, self.normalize = int(n_classes), codes, normalize
+        self.rng = np.random.default_rng(int(seed))
+        self.x = None                 # (mem_size, features) uint8 pixels or bfloat16 codes
+        self.y = np.zeros(self.mem_size, np.int64)
+        self.t = np.zeros(self.mem_size, np.int64)
+        self.size, self.seen = 0, 0
+        self.seen_class = np.zeros(self.n_classes, np.int64)
+        self._incoming = None
+        self._eval_codes = {}         # codes of the evaluation batches (derived from the test set, not stored)
+
+    def __getstate__(self):                # a saved strategy keeps the buffer, not the evaluation cache
+        return {**self.__dict__, "_eval_codes": {}, "_incoming": None}
+
+    # --------------------------------------------------------------- what is stored
+    def _inputs(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(len(x), -1)
+        if self.codes is None:
+            return x
+        # unit-norm codes scaled by √d: features of unit mean square, the scale SGD's lr 0.1 is set for
+        z = np.asarray(self.codes.prepare(x.cpu().numpy()), np.float32) * np.float32(np.sqrt(self.codes.key_dim))
+        return torch.from_numpy(z)
+
+    def _encode(self, x: torch.Tensor) -> np.ndarray:
+        if self.codes is not None:
+            return x.to(torch.bfloat16).view(torch.int16).numpy()      # bfloat16 bits (numpy has no bfloat16)
+        mean, std = self.normalize
+        return np.clip(np.rint(255.0 * (x.numpy().astype(np.float64) * std + mean)), 0, 255).astype(np.uint8)
+
+    def _decode(self, rows: np.ndarray) -> torch.Tensor:
+        if self.codes is not None:
+            return torch.from_numpy(np.ascontiguousarray(rows)).view(torch.bfloat16).to(torch.float32)
+        mean, std = self.normalize
+        return torch.from_numpy((rows.astype(np.float32) / 255.0 - mean) / std)
+
+    def nbytes(self) -> int:
+        """Bytes of the samples in the buffer: each input at its stored dtype plus a one-byte class (and a
+        one-byte task label)."""
+        if self.x is None:
+            return 0
+        return int(self.size * (self.x.shape[1] * self.x.dtype.itemsize + 1 + 1 * (self.t[:self.size].max(initial=0) > 0)))
+
+    # --------------------------------------------------------------- the plugin
+    def before_forward(self, strategy, **kwargs):
+        x, y, t = strategy.mbatch[0], strategy.mbatch[1], strategy.mbatch[2]
+        x = self._inputs(x)
+        self._incoming = (x.detach().cpu(), y.detach().cpu(), t.detach().cpu())
+        if self.size:
+            idx = self.rng.integers(0, self.size, self.batch_size_mem)
+            x = torch.cat([x, self._decode(self.x[idx]).to(x.device)])
+            y = torch.cat([y, torch.from_numpy(self.y[idx]).to(y.device)])
+            t = torch.cat([t, torch.from_numpy(self.t[idx]).to(t.device)])
+        strategy.mbatch = [x, y, t, *strategy.mbatch[3:]]
+
+    def before_eval_forward(self, strategy, **kwargs):
+        if self.codes is not None:
+            x = strategy.mbatch[0]
+            key = hashlib.blake2b(x.cpu().numpy().tobytes(), digest_size=16).digest()
+            if key not in self._eval_codes:     # the test stream is evaluated after every experience: code it once
+                self._eval_codes[key] = self._inputs(x)
+            strategy.mbatch = [self._eval_codes[key].to(x.device), *strategy.mbatch[1:]]
+
+    def after_training_iteration(self, strategy, **kwargs):
+        x, y, t = self._incoming
+        rows = self._encode(x)
+        if self.x is None:
+            self.x = np.zeros((self.mem_size, rows.shape[1]), rows.dtype)
+        for r, c, tt in zip(rows, y.numpy(), t.numpy()):
+            self.seen += 1
+            self.seen_class[c] += 1
+            slot = self._slot(int(c))
+            if slot is not None:
+                self.x[slot], self.y[slot], self.t[slot] = r, c, tt
+        self._incoming = None
+
+    def _slot(self, c: int):
+        """Where the sample of class ``c`` goes (None: it does not enter)."""
+        if self.size < self.mem_size:
+            self.size += 1
+            return self.size - 1
+        if self.policy == "reservoir":
+            j = int(self.rng.integers(0, self.seen))
+            return j if j < self.mem_size else None
+        counts = np.bincount(self.y[:self.size], minlength=self.n_classes)
+        big = int(np.argmax(counts))
+        if counts[c] < counts[big]:
+            return int(self.rng.choice(np.flatnonzero(self.y[:self.size] == big)))
+        if self.rng.random() < counts[c] / self.seen_class[c]:
+            return int(self.rng.choice(np.flatnonzero(self.y[:self.size] == c)))
+        return None
 
 
 def experience_seed(seed: int, experience: int) -> int:
@@ -148,7 +304,8 @@ def make_model(stream, settings: Optional[dict] = None):
     if s["model"] == "gdumb_mlp":
         model = GDumbMLP(stream.input_size, stream.n_classes, s["hidden_size"])
     elif s["model"] == "simple_mlp":
-        model = SimpleMLP(num_classes=stream.n_classes, input_size=stream.input_size, hidden_size=s["hidden_size"],
+        model = SimpleMLP(num_classes=stream.n_classes, input_size=s.get("input_size", stream.input_size),
+                          hidden_size=s["hidden_size"],
                           hidden_layers=s["hidden_layers"], drop_rate=s["drop_rate"])
     else:
         raise unknown("baseline model", s["model"], ("simple_mlp", "gdumb_mlp"))
@@ -201,6 +358,10 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
     check_baseline(name)
     s = recipe(name, stream.name, settings)
     torch.manual_seed(int(seed))
+    er = _ER.match(name)
+    if er:
+        codes = er_codes(name, stream.input_size)
+        s = {**s, "input_size": stream.input_size if codes is None else codes.key_dim}
     model = make_model(stream, s)
     opt = torch.optim.SGD(model.parameters(), lr=s["lr"], momentum=s["momentum"], weight_decay=s["weight_decay"])
     epochs = epochs_of(name, stream.name, epochs, settings)
@@ -209,6 +370,13 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
     common = dict(model=model, optimizer=opt, criterion=torch.nn.CrossEntropyLoss(), train_mb_size=s["train_mb_size"],
                   train_epochs=int(epochs), eval_mb_size=s["eval_mb_size"], device=device, evaluator=evaluator,
                   plugins=list(plugins or []) + extra)
+    if er:
+        if "mem_size" not in s:
+            raise ValueError(f"{name} needs a memory budget (--memory-budget): its buffer is what the budget holds "
+                             f"beside the model")
+        plugin = OnlineReplay(int(s["mem_size"]), int(s["batch_size_mem"]), er.group(1), stream.n_classes,
+                              seed=int(seed), codes=codes)
+        return Naive(**{**common, "plugins": common["plugins"] + [plugin]})
     if _REPLAY.match(name) or name == "replay_bytes":
         if "mem_size" not in s:
             raise ValueError("replay_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
@@ -250,7 +418,10 @@ def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional
            "optimizer": f"SGD(lr={s['lr']}, momentum={s['momentum']}, weight_decay={s['weight_decay']})",
            "schedule": s["schedule"], "clip": s["clip"], "train_mb_size": s["train_mb_size"],
            "epochs": epochs_of(name, stream.name, epochs, settings)}
-    if "mem_size" in s and (name in ("gdumb", "replay_bytes") or _REPLAY.match(name)):
+    if _ER.match(name):
+        out.update(batch_size_mem=s["batch_size_mem"], buffer=_ER.match(name).group(1),
+                   stores=_ER.match(name).group(2))
+    if "mem_size" in s and (name in ("gdumb", "replay_bytes") or _REPLAY.match(name) or _ER.match(name)):
         out["mem_size"] = int(s["mem_size"])
     if name == "ewc":
         out.update(ewc_lambda=s["ewc_lambda"], ewc_mode=s["ewc_mode"])

@@ -197,8 +197,13 @@ def torch_strategy_bytes(strategy, sample_bytes: Optional[int] = None) -> Dict[s
 
     parts = {"params_bytes": module_bytes(strategy.model), "optimizer_bytes": optimizer_bytes(
         getattr(strategy, "optimizer", None)), "buffer_bytes": 0, "buffer_samples": 0, "regularizer_bytes": 0}
+    from .baselines import OnlineReplay
+
     for p in strategy.plugins:
-        if isinstance(p, (ReplayPlugin, GDumbPlugin)):
+        if isinstance(p, OnlineReplay):
+            parts["buffer_bytes"] += p.nbytes()
+            parts["buffer_samples"] += p.size
+        elif isinstance(p, (ReplayPlugin, GDumbPlugin)):
             buf = p.storage_policy.buffer
             parts["buffer_bytes"] += _samples_bytes(buf, sample_bytes)
             parts["buffer_samples"] += len(buf)

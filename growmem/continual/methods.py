@@ -11,7 +11,8 @@
 ``ncm:<keys>``      nearest class mean (:class:`growmem.order_free.NCM`)
 ``slda:<keys>``     streaming linear discriminant analysis (:class:`growmem.order_free.SLDA`)
 Avalanche's         ``naive``, ``ewc``, ``lwf``, ``gdumb``, ``replay_<N>``, ``replay_bytes``,
-strategies          ``cumulative``, ``joint`` (:mod:`growmem.continual.baselines`)
+strategies          ``cumulative``, ``joint``, online replay ``er_<reservoir|balanced>:<raw|dct>``
+                    (:mod:`growmem.continual.baselines`)
 =================== ==========================================================================
 
 ``growmem`` is the stream's default growmem method (:data:`STREAM_DEFAULTS`) and
@@ -36,6 +37,8 @@ STREAM_DEFAULTS = {"split_mnist": "target:dct", "permuted_mnist": "target:subspa
 DEFAULT_NET = "net:continual_growmem"
 #: the Avalanche strategies (see growmem.continual.baselines; replay_<N> for any N)
 AVALANCHE = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint")
+#: online experience replay (growmem.continual.baselines.OnlineReplay): er_<buffer policy>:<what it stores>
+ONLINE_REPLAY = tuple(f"er_{p}:{k}" for p in ("reservoir", "balanced") for k in ("raw", "dct"))
 ORDER_FREE = ("knn", "ncm", "slda")
 KEY_SETS = ("dct", "raw")
 _REPLAY = re.compile(r"^replay_(\d+)$")
@@ -72,7 +75,7 @@ class Method:
 
 def valid_methods() -> List[str]:
     return ["growmem", "growmem:<preset>", "target:<keys>", "net:<preset>",
-            *[f"{m}:{k}" for m in ORDER_FREE for k in KEY_SETS], *AVALANCHE, "replay_<N>"]
+            *[f"{m}:{k}" for m in ORDER_FREE for k in KEY_SETS], *AVALANCHE, "replay_<N>", *ONLINE_REPLAY]
 
 
 def _load(preset: str):
@@ -118,6 +121,12 @@ def resolve(name: str, stream: str = "", growmem: Optional[str] = None) -> Metho
         return dataclasses.replace(_preset_method(preset, None, "target"), alias=alias)
     if name.startswith("net:"):
         return dataclasses.replace(_preset_method(name.split(":", 1)[1], None, "net"), alias=alias)
+    if name in ONLINE_REPLAY:
+        policy, _, keys = name[len("er_"):].partition(":")
+        what = "8-bit images" if keys == "raw" else "the target_dct preset's DCT codes (bfloat16)"
+        buffer = "a reservoir" if policy == "reservoir" else "a class-balanced reservoir"
+        return Method(name=name, kind="avalanche", family="er",
+                      description=f"online experience replay: an MLP, {buffer} of {what} at the budget")
     family, _, keys = name.partition(":")
     if family in ORDER_FREE:
         if keys not in KEY_SETS:

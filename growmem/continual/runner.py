@@ -333,6 +333,18 @@ def sample_bytes_of(stream: Stream, replay_dtype: str) -> Optional[int]:
 def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
     """``settings`` plus, for ``replay_bytes``, the buffer the budget holds beside the recipe's model and its
     SGD state (one momentum buffer per parameter) at ``sample_bytes`` a sample."""
+    if B.is_online_replay(method.name):
+        if budget is None:
+            raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is "
+                             f"what the budget holds beside the model")
+        codes = B.er_codes(method.name, stream.input_size)
+        n_in = stream.input_size if codes is None else codes.key_dim
+        s = {"hidden_size": B.er_width(budget, n_in, stream.n_classes), **settings}
+        r = B.recipe(method.name, stream.name, s)
+        fixed = module_bytes(B.make_model(stream, {**r, "input_size": n_in})) * (2 if r["momentum"] else 1)
+        per = (2 * codes.key_dim + 1 + (1 if stream.task_incremental else 0)) if codes is not None else \
+            (sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8)
+        return {**s, "mem_size": B.replay_capacity(budget, fixed, per)}
     if method.name != "replay_bytes":
         return settings
     if budget is None:
@@ -465,67 +477,70 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
               "eval_mb_size": eval_mb_size, "prequential": bool(prequential),
               "data": "download" if download else "local"}
     root, folders = _prepare_checkpoints(checkpoint_dir, config, resume, out)
-
-    def method_epochs(m):
-        if online:
-            return 1
-        if isinstance(epochs, dict):
-            return epochs.get(m)
-        return epochs
-
-    t0 = time.perf_counter()
-    runs, stream_info = [], None
-    for seed in seeds:
-        st = make_stream(stream, seed=seed, data_dir=data_dir, download=download, split=split, **stream_options) \
-            if isinstance(stream, str) else make_stream(stream)
-        sample_bytes = sample_bytes_of(st, replay_dtype)
-        if stream_info is None:
-            stream_info = {"name": st.name, "n_experiences": st.n_experiences, "n_classes": st.n_classes,
-                           "input_shape": list(st.input_shape), "task_labels": list(st.task_labels),
-                           "scenario": st.scenario, "info": st.info, "split": split,
-                           "train_sizes": [len(e.dataset) for e in st.train_stream],
-                           "test_sizes": [len(e.dataset) for e in st.test_stream],
-                           "sample_bytes": sample_bytes, "replay_dtype": replay_dtype}
-        for m in resolved:
-            run_dir = None if root is None else root / _safe(m.name) / f"seed{seed}"
-            if run_dir is not None and resume and (run_dir / RESULT_FILE).exists():
-                runs.append(json.loads((run_dir / RESULT_FILE).read_text()))
-                if verbose:
-                    print(f"{m.name} seed {seed}: already done in {run_dir}", file=sys.stderr)
-                continue
-            if run_dir is not None:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            common = dict(budget=config["budget_bytes"], epochs=method_epochs(m.name), run_dir=run_dir,
-                          resume=resume, progress=progress, loggers=loggers, on_batch=on_batch)
-            if m.kind == "learner":
-                res = _run_learner(st, m, configs[m.name], seed, loop=growmem_loop,
-                                   checkpoint_every=checkpoint_every, eval_mb_size=eval_mb_size,
-                                   prequential=prequential, **common)
-            else:
-                res = _run_baseline(st, m, seed, settings={**(baseline_settings or {}),
-                                                           **method_settings.get(m.name, {})},
-                                    sample_bytes=sample_bytes, **common)
-            res = _jsonable(res)
-            if run_dir is not None:
-                _write_json(run_dir / RESULT_FILE, res)
-            runs.append(res)
-            if verbose:
-                s = res["summary"]
-                print(f"{m.name} seed {seed}: acc_mean_over_experiences {s['acc_mean_over_experiences']:.4f}, "
-                      f"acc_stream_weighted {s['acc_stream_weighted']:.4f}, peak bytes in use "
-                      f"{s['bytes_in_use_peak']}, {s['wall_seconds']:.0f} s", file=sys.stderr)
-    summary = aggregate(runs)
-    doc = {"name": name, "config": config, "stream": stream_info, "budget_bytes": config["budget_bytes"],
-           "methods": {m.name: {"description": m.description, "alias": m.alias, "kind": m.kind, "family": m.family}
-                       for m in resolved},
-           "runs": runs, "summary": summary, "seconds": time.perf_counter() - t0}
+    failed = True
     try:
+
+        def method_epochs(m):
+            if online:
+                return 1
+            if isinstance(epochs, dict):
+                return epochs.get(m)
+            return epochs
+
+        t0 = time.perf_counter()
+        runs, stream_info = [], None
+        for seed in seeds:
+            st = make_stream(stream, seed=seed, data_dir=data_dir, download=download, split=split, **stream_options) \
+                if isinstance(stream, str) else make_stream(stream)
+            sample_bytes = sample_bytes_of(st, replay_dtype)
+            if stream_info is None:
+                stream_info = {"name": st.name, "n_experiences": st.n_experiences, "n_classes": st.n_classes,
+                               "input_shape": list(st.input_shape), "task_labels": list(st.task_labels),
+                               "scenario": st.scenario, "info": st.info, "split": split,
+                               "train_sizes": [len(e.dataset) for e in st.train_stream],
+                               "test_sizes": [len(e.dataset) for e in st.test_stream],
+                               "sample_bytes": sample_bytes, "replay_dtype": replay_dtype}
+            for m in resolved:
+                run_dir = None if root is None else root / _safe(m.name) / f"seed{seed}"
+                if run_dir is not None and resume and (run_dir / RESULT_FILE).exists():
+                    runs.append(json.loads((run_dir / RESULT_FILE).read_text()))
+                    if verbose:
+                        print(f"{m.name} seed {seed}: already done in {run_dir}", file=sys.stderr)
+                    continue
+                if run_dir is not None:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                common = dict(budget=config["budget_bytes"], epochs=method_epochs(m.name), run_dir=run_dir,
+                              resume=resume, progress=progress, loggers=loggers, on_batch=on_batch)
+                if m.kind == "learner":
+                    res = _run_learner(st, m, configs[m.name], seed, loop=growmem_loop,
+                                       checkpoint_every=checkpoint_every, eval_mb_size=eval_mb_size,
+                                       prequential=prequential, **common)
+                else:
+                    res = _run_baseline(st, m, seed, settings={**(baseline_settings or {}),
+                                                               **method_settings.get(m.name, {})},
+                                        sample_bytes=sample_bytes, **common)
+                res = _jsonable(res)
+                if run_dir is not None:
+                    _write_json(run_dir / RESULT_FILE, res)
+                runs.append(res)
+                if verbose:
+                    s = res["summary"]
+                    print(f"{m.name} seed {seed}: acc_mean_over_experiences {s['acc_mean_over_experiences']:.4f}, "
+                          f"acc_stream_weighted {s['acc_stream_weighted']:.4f}, peak bytes in use "
+                          f"{s['bytes_in_use_peak']}, {s['wall_seconds']:.0f} s", file=sys.stderr)
+        summary = aggregate(runs)
+        doc = {"name": name, "config": config, "stream": stream_info, "budget_bytes": config["budget_bytes"],
+               "methods": {m.name: {"description": m.description, "alias": m.alias, "kind": m.kind, "family": m.family}
+                           for m in resolved},
+               "runs": runs, "summary": summary, "seconds": time.perf_counter() - t0}
         if out is not None:
             out = Path(out)
             doc["files"] = [str(out / f"{name}.json")] + [str(p) for p in plot(doc, out, name)]
             _write_json(out / f"{name}.json", doc)
+        failed = False
     finally:
-        folders.close()     # a run that fails before this releases them when its frame goes (RunFolder)
+        # released on every path: a failed call leaves its folders free for the next one at once
+        folders.close(failed=failed)
     if verbose:
         print(table(summary, drift=stream_name == "drifting_teacher"))
         if out is not None:

@@ -1,0 +1,409 @@
+"""The accuracy-against-bytes frontier: every method at budgets that force a choice, online.
+
+**Protocol: online** (the standard online continual-learning protocol): each stream sample is seen
+once, in mini-batches of 10; a replay method rehearses 10 samples from its buffer at every step. Every
+method is bounded by the same budget (``--budgets``, peak bytes in use checked: ``within_budget``), and
+is evaluated on the whole test stream after each experience (Avalanche's accuracy matrix); the number
+reported is the final accuracy, the mean over the test experiences.
+
+**Methods** (:mod:`growmem.continual.methods`, named by what they store):
+
+* growmem — ``target:dct_merge`` (a target memory whose rows become prototypes under the budget:
+  Ward merges, class-balanced), ``target:dct`` (the shipped preset: the most redundant rows are
+  evicted), ``net:replay_dct`` (a growing network: error-driven rows, self-replay of its rows);
+* order-free baselines on the same DCT codes and on raw pixels, a class-balanced buffer at the
+  budget — ``knn:dct``, ``ncm:dct``, ``slda:dct``, ``knn:raw`` (they see the stream in batches of 256:
+  their state does not depend on the order);
+* online experience replay (:class:`growmem.continual.baselines.OnlineReplay`, Avalanche's online
+  recipe) — ``er_reservoir:raw``, ``er_balanced:raw`` (8-bit images), ``er_reservoir:dct``,
+  ``er_balanced:dct`` (bfloat16 DCT codes), the buffer what the budget holds beside the MLP.
+
+**Verdicts**: per stream and budget, the best growmem method against the best other method (by mean),
+paired by seed, by a Student t-test at 95 % (t with n − 1 degrees of freedom; else a tie).
+**Ablation** (``--ablation``): ``target:dct_merge`` with one policy changed at a time, paired with the
+full recipe at the same seeds.
+
+    python benchmarks/continual_frontier.py --preset smoke                  # seconds (run by the tests)
+    python benchmarks/continual_frontier.py --preset cpu --streams split_mnist --seeds 1,2 --merge
+    python benchmarks/continual_frontier.py --preset cpu --streams split_mnist --ablation --merge
+
+``--merge`` adds this invocation's runs to the JSON in ``--out`` (replacing runs of the same stream,
+method, budget and seed), so a ``cpu`` run splits by stream, method, budget or seed. Writes
+``continual_frontier.json`` (``summary.<stream>.<budget>.<method>.{accuracy_mean, accuracy_std, ...}``,
+``verdicts``, ``ablation``) and ``continual_frontier.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist")
+PROTOCOL = "online"
+#: the online protocol's mini-batch (stream samples a step)
+ONLINE_BATCH = 10
+GROWMEM_FAMILIES = ("target", "net")
+_IMAGE = ("knn:raw", "ncm:raw", "slda:raw", "er_reservoir:raw", "er_balanced:raw")
+METHODS = {
+    "split_mnist": ("target:dct_merge", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct",
+                    "knn:raw", "er_reservoir:raw", "er_balanced:raw"),
+    "permuted_mnist": ("target:dct_merge", "knn:dct", "ncm:dct", "er_balanced:dct") + _IMAGE,
+}
+METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
+#: (variant, overrides of target:dct_merge): one policy changed at a time; "full" is the method's own runs
+#: at the same budget and seeds (the frontier's), run here only where they are missing
+ABLATION = (
+    ("full", {}),
+    ("no merging: class-balanced random eviction", {"target.evict": "random"}),
+    ("no merging: oldest rows evicted", {"target.evict": "oldest"}),
+    ("no merging: most redundant rows evicted", {"target.evict": "redundant"}),
+    ("T fixed at its initial value", {"target.learn_temperature": False}),
+)
+ABLATED = "target:dct_merge"
+#: published numbers stated beside the results (not rerun)
+ANCHORS = (
+    {"method": "online replay (Avalanche)", "stream": "split_mnist", "protocol": "online", "samples": 1000,
+     "accuracy": 0.92, "source": "ContinualAI/continual-learning-baselines, experiments/split_mnist/online_replay.py"},
+    {"method": "CoPE (Avalanche)", "stream": "split_mnist", "protocol": "online", "samples": 2000, "accuracy": 0.93,
+     "source": "ContinualAI/continual-learning-baselines, experiments/split_mnist/cope.py"},
+    {"method": "GDumb", "stream": "split_mnist", "protocol": "offline", "samples": 500, "accuracy": 0.919,
+     "source": "Prabhu et al., GDumb, ECCV 2020"},
+    {"method": "GDumb", "stream": "split_mnist", "protocol": "offline", "samples": 4400, "accuracy": 0.978,
+     "source": "Prabhu et al., GDumb, ECCV 2020"},
+)
+#: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
+#: the preset's or the rule's value sits inside every grid
+def _er_widths(budget, stream):
+    from growmem.continual.baselines import er_codes, er_width
+
+    codes = er_codes("er_balanced:raw" if stream is None else stream, 784)
+    h = er_width(budget, 784 if codes is None else codes.key_dim, 10)
+    return [{"hidden_size": w} for w in (h // 2, h, 2 * h)]
+
+
+TUNE_GRID = {
+    "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
+    "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
+    "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
+    "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
+}
+
+PRESETS = {
+    "smoke": dict(seeds=[1, 2], budgets=["0.2MB", "0.5MB"], ablation_budgets=["0.2MB"],
+                  streams={"split_mnist": dict(train_limit=600, test_limit=300),
+                           "permuted_mnist": dict(n_experiences=2, train_limit=300, test_limit=200),
+                           "rotated_mnist": dict(n_experiences=2, train_limit=300, test_limit=200)},
+                  methods={"split_mnist": ("target:dct_merge", "knn:dct", "er_balanced:raw", "er_balanced:dct"),
+                           "permuted_mnist": ("target:dct_merge", "er_balanced:raw"),
+                           "rotated_mnist": ("target:dct_merge", "er_balanced:raw")}),
+    # Permuted- and Rotated-MNIST: 10 experiences of the same 6,000 training images (a tenth of MNIST: 60,000
+    # online samples in all, as Split-MNIST; 10 x 60,000 does not fit a session of 2 cores beside it), each
+    # evaluated on 2,000 test images; the paper preset runs the whole of MNIST in every experience
+    "cpu": dict(seeds=[1, 2, 3, 4, 5], budgets=["0.1MB", "0.3MB", "1MB", "3MB", "15.7MB"],
+                ablation_budgets=["0.3MB", "1MB"],
+                streams={"split_mnist": {},
+                         "permuted_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000},
+                         "rotated_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000}},
+                methods=METHODS),
+    "paper": dict(seeds=[1, 2, 3, 4, 5], budgets=["0.1MB", "0.3MB", "1MB", "3MB", "15.7MB"],
+                  ablation_budgets=["0.3MB", "1MB"], streams={s: {} for s in STREAMS}, methods=METHODS),
+}
+
+
+def _csv(text):
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def online_settings(method: str, stream: str) -> dict:
+    """The online protocol's settings of ``method``: mini-batches of :data:`ONLINE_BATCH` (the order-free
+    models are order-free: they keep their batch)."""
+    from growmem.continual.methods import resolve
+
+    m = resolve(method, stream)
+    if m.kind == "avalanche":
+        return {"train_mb_size": ONLINE_BATCH}
+    if m.family in GROWMEM_FAMILIES:
+        return {"batch_size": ONLINE_BATCH}
+    return {}
+
+
+def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None, label=None, progress=False,
+            settings=None, split="test"):
+    """Runs of ``method`` on ``stream`` at ``budget`` (bytes), online, tagged with the budget and protocol;
+    ``settings``: the method's (tuned) settings; ``split="validation"`` for tuning."""
+    from growmem.continual.runner import run_continual
+
+    settings = {**online_settings(method, stream), **(settings or {})}
+    if overrides:
+        settings["overrides"] = {**settings.get("overrides", {}), **dict(overrides)}
+    doc = run_continual(stream, [method], seeds, budget, online=True, stream_options=options, data_dir=data_dir,
+                        method_settings={method: settings}, progress=progress, verbose=False, split=split)
+    out = []
+    for r in doc["runs"]:
+        r = dict(r, budget=int(budget), protocol=PROTOCOL, method=label or r["method"], base_method=method)
+        r.pop("accuracy_matrix_raw", None)
+        out.append(r)
+    return out
+
+
+def _key(r):
+    return (r["stream"], r["method"], r["budget"], r.get("protocol", PROTOCOL), r["seed"])
+
+
+def merge_runs(old, new):
+    fresh = {_key(r) for r in new}
+    return [r for r in old if _key(r) not in fresh] + list(new)
+
+
+def _acc(r):
+    return r["summary"]["acc_mean_over_experiences"]
+
+
+def summarise(runs, ablation_runs):
+    """``(summary, verdicts, ablation)`` of the runs (module docstring)."""
+    from growmem.continual.methods import resolve
+    from growmem.reporting import compare, mean_std
+
+    summary, verdicts, ablation = {}, {}, {}
+    for stream in dict.fromkeys(r["stream"] for r in runs):
+        for budget in sorted({r["budget"] for r in runs if r["stream"] == stream}):
+            rows = {}
+            here = [r for r in runs if r["stream"] == stream and r["budget"] == budget]
+            for m in dict.fromkeys(r["method"] for r in here):
+                rs = sorted((r for r in here if r["method"] == m), key=lambda r: r["seed"])
+                ms = mean_std([_acc(r) for r in rs])
+                peak = max(r["summary"]["bytes_in_use_peak"] for r in rs)
+                rows[m] = {"accuracy_mean": ms["mean"], "accuracy_std": ms["std"], "accuracy_values": ms["values"],
+                           "seeds": [r["seed"] for r in rs], "bytes_peak": peak,
+                           "within_budget": all(r["summary"].get("within_budget", peak <= budget) for r in rs),
+                           "wall_s": mean_std([r["summary"]["wall_seconds"] for r in rs])["mean"],
+                           "growmem": resolve(m, stream).family in GROWMEM_FAMILIES,
+                           "description": rs[0].get("description")}
+            summary.setdefault(stream, {})[str(budget)] = rows
+            ok = {m: r for m, r in rows.items() if r["within_budget"]}
+            gm = {m: r for m, r in ok.items() if r["growmem"]}
+            other = {m: r for m, r in ok.items() if not r["growmem"]}
+            if gm and other:
+                g = max(gm, key=lambda m: gm[m]["accuracy_mean"])
+                o = max(other, key=lambda m: other[m]["accuracy_mean"])
+                common = sorted(set(gm[g]["seeds"]) & set(other[o]["seeds"]))
+                a = [gm[g]["accuracy_values"][gm[g]["seeds"].index(s)] for s in common]
+                b = [other[o]["accuracy_values"][other[o]["seeds"].index(s)] for s in common]
+                verdicts.setdefault(stream, {})[str(budget)] = {
+                    "growmem": g, "other": o, "seeds": common, "difference": (sum(a) - sum(b)) / max(1, len(a)),
+                    "verdict": compare(a, b, paired=True)}
+    for stream in dict.fromkeys(r["stream"] for r in ablation_runs):
+        for budget in sorted({r["budget"] for r in ablation_runs if r["stream"] == stream}):
+            here = [r for r in ablation_runs if r["stream"] == stream and r["budget"] == budget]
+            if not any(r["method"] == "full" for r in here):      # the method's own runs at this budget
+                here = [dict(r, method="full") for r in runs if (r["stream"], r["method"], r["budget"]) ==
+                        (stream, ABLATED, budget)] + here
+            by = {v: {r["seed"]: _acc(r) for r in here if r["method"] == v} for v in dict.fromkeys(r["method"] for r in here)}
+            full = by.get("full", {})
+            rows = {}
+            for v, vals in by.items():
+                seeds = sorted(vals)
+                ms = mean_std([vals[s] for s in seeds])
+                row = {"accuracy_mean": ms["mean"], "accuracy_std": ms["std"], "seeds": seeds,
+                       "bytes_peak": max(r["summary"]["bytes_in_use_peak"] for r in here if r["method"] == v)}
+                common = sorted(set(seeds) & set(full))
+                if v != "full" and common:
+                    row["vs_full"] = compare([vals[s] for s in common], [full[s] for s in common], paired=True)
+                    row["difference_vs_full"] = sum(vals[s] - full[s] for s in common) / len(common)
+                rows[v] = row
+            ablation.setdefault(stream, {})[str(budget)] = rows
+    return summary, verdicts, ablation
+
+
+def plot(payload, out: Path):
+    """``continual_frontier.png``: final accuracy against the budget (log x), one line per method (mean ±
+    std over seeds), one panel per stream."""
+    from growmem.reporting import pyplot, save_figure
+
+    plt = pyplot()
+    streams = list(payload["summary"])
+    fig, axes = plt.subplots(1, max(1, len(streams)), figsize=(6.5 * max(1, len(streams)), 5), squeeze=False)
+    for ax, stream in zip(axes[0], streams):
+        by_budget = payload["summary"][stream]
+        methods = list(dict.fromkeys(m for rows in by_budget.values() for m in rows))
+        for k, m in enumerate(methods):
+            pts = sorted((int(b), rows[m]) for b, rows in by_budget.items() if m in rows)
+            gm = pts[0][1]["growmem"]
+            ax.errorbar([b / 1e6 for b, _ in pts], [r["accuracy_mean"] for _, r in pts],
+                        yerr=[r["accuracy_std"] for _, r in pts], marker="o" if gm else "s", ms=4, capsize=2,
+                        lw=2 if gm else 1, ls="-" if gm else "--", color=f"C{k % 10}", label=m)
+        ax.set_xscale("log")
+        ax.set_xlabel("memory budget (MB, peak bytes in use checked)")
+        ax.set_ylabel("final accuracy, mean over test experiences")
+        ax.set_title(f"{stream}, {PROTOCOL} (batch {ONLINE_BATCH}, one pass)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    save_figure(fig, out / "continual_frontier.png")
+    plt.close(fig)
+
+
+def chosen_settings(path) -> dict:
+    """``{stream: {budget: {method: settings}}}`` chosen by ``--tune`` (``{}`` without a tuning file)."""
+    if not Path(path).is_file():
+        return {}
+    doc = json.loads(Path(path).read_text())
+    return {st: {b: {m: e["chosen"] for m, e in ms.items()} for b, ms in bs.items()} for st, bs in doc["streams"].items()}
+
+
+def tune(args, cfg, streams, seeds, budgets):
+    """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
+    out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge."""
+    from growmem.reporting import write_json
+
+    path = args.out / "continual_frontier_tune.json"
+    doc = json.loads(path.read_text()) if (args.merge and path.is_file()) else {"streams": {}, "invocations": []}
+    t0 = time.perf_counter()
+    for stream in streams:
+        for b in budgets:
+            for m, grid in TUNE_GRID.items():
+                if args.methods and m not in _csv(args.methods):
+                    continue
+                results = []
+                for point in grid(b, stream):
+                    try:
+                        r = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, settings=point,
+                                    split="validation")[0]
+                    except ValueError as e:
+                        results.append({"settings": point, "accuracy": None, "why": str(e)})
+                        continue
+                    results.append({"settings": point, "accuracy": _acc(r), "bytes_peak": r["summary"]["bytes_in_use_peak"],
+                                    "within_budget": r["summary"]["within_budget"]})
+                    print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
+                          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
+                best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
+                doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = {
+                    "results": results, "chosen": None if best is None else results[best]["settings"],
+                    "on_edge": None if best is None else best in (0, len(results) - 1), "seed": seeds[0]}
+    doc["invocations"].append({"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
+                               "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())})
+    doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
+               summary={st: {b: {m: {"chosen": e["chosen"], "on_edge": e["on_edge"]} for m, e in ms.items()}
+                             for b, ms in bs.items()} for st, bs in doc["streams"].items()})
+    write_json(path, doc)
+    print(f"wrote {path}")
+    return doc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for continual_frontier.json and its plot")
+    ap.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (or set GROWMEM_DATA)")
+    ap.add_argument("--streams", default=None, help="comma-separated subset of the preset's streams")
+    ap.add_argument("--methods", default=None, help="comma-separated methods (default: each stream's)")
+    ap.add_argument("--budgets", default=None, help="comma-separated budgets, e.g. 0.3MB,1MB (default: the preset's)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
+    ap.add_argument("--ablation", action="store_true", help=f"run the ablation of {ABLATED} (at the ablation budgets "
+                                                             f"unless --budgets) instead of the methods")
+    ap.add_argument("--tune", action="store_true", help="choose the settings of the methods of TUNE_GRID on the validation "
+                                                         "split (first seed) at every budget, into continual_frontier_tune.json")
+    ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
+    ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise")
+    args = ap.parse_args(argv)
+
+    from growmem.units import parse_size
+    from growmem.reporting import RULE, write_json
+
+    cfg = PRESETS[args.preset]
+    streams = _csv(args.streams) if args.streams else list(cfg["streams"])
+    bad = [s for s in streams if s not in cfg["streams"]]
+    if bad:
+        raise SystemExit(f"unknown stream(s) {bad}; the {args.preset} preset runs {', '.join(cfg['streams'])}")
+    seeds = [int(s) for s in _csv(args.seeds)] if args.seeds else list(cfg["seeds"])
+    budgets = [parse_size(b) for b in (_csv(args.budgets) if args.budgets else
+                                       cfg["ablation_budgets"] if args.ablation else cfg["budgets"])]
+    t0 = time.perf_counter()
+    if args.tune:
+        return tune(args, cfg, streams, seeds[:1], budgets)
+    tuned = chosen_settings(args.out / "continual_frontier_tune.json")
+    new, new_ablation, skipped = [], [], []
+    units = []
+    path = args.out / "continual_frontier.json"
+    old_runs = json.loads(path.read_text())["runs"] if (args.merge and path.is_file()) else []
+    combined = {"runs": [], "ablation_runs": [], "invocations": []}
+    for doc in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):
+        for k in ("runs", "ablation_runs"):
+            combined[k] = merge_runs(combined[k], doc.get(k, []))
+        combined["invocations"] += doc.get("invocations", [])
+    if args.combine:
+        streams = []
+    for stream in streams:
+        if args.ablation:
+            for b in budgets:
+                have = {r["seed"] for r in old_runs if (r["stream"], r["method"], r["budget"]) == (stream, ABLATED, b)}
+                units += [(stream, b, ABLATED, v, o) for v, o in ABLATION if v != "full" or not set(seeds) <= have]
+        else:
+            methods = _csv(args.methods) if args.methods else list(cfg["methods"][stream])
+            units += [(stream, b, m, None, None) for b in budgets for m in methods]
+    for i, (stream, b, m, variant, over) in enumerate(units):
+        t = time.perf_counter()
+        try:
+            runs = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, overrides=over,
+                           label=variant, settings=tuned.get(stream, {}).get(str(b), {}).get(m))
+        except ValueError as e:               # e.g. a model alone larger than the budget: said, not hidden
+            skipped.append({"stream": stream, "method": variant or m, "budget": b, "why": str(e)})
+            print(f"[{i + 1}/{len(units)}] {stream} {variant or m} at {b / 1e6:g} MB: not run ({e})", file=sys.stderr)
+            continue
+        (new_ablation if variant else new).extend(runs)
+        done = time.perf_counter() - t0
+        accs = ", ".join(f"{_acc(r):.4f}" for r in runs)
+        print(f"[{i + 1}/{len(units)}] {stream} {variant or m} at {b / 1e6:g} MB: {accs} "
+              f"({time.perf_counter() - t:.0f} s; ETA {done / (i + 1) * (len(units) - i - 1):.0f} s)",
+              file=sys.stderr, flush=True)
+
+    old = json.loads(path.read_text()) if ((args.merge or args.combine) and path.is_file()) else {}
+    old = {"runs": merge_runs(old.get("runs", []), combined["runs"]),
+           "ablation_runs": merge_runs(old.get("ablation_runs", []), combined["ablation_runs"]),
+           "invocations": old.get("invocations", []) + combined["invocations"]}
+    runs = merge_runs(old["runs"], new)
+    ablation_runs = merge_runs(old["ablation_runs"], new_ablation)
+    summary, verdicts, ablation = summarise(runs, ablation_runs)
+    invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
+                  "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": skipped}
+    if args.combine:
+        invocation["combined"] = [str(f) for f in args.combine]
+    payload = {"benchmark": "continual_frontier", "preset": args.preset, "protocol": PROTOCOL,
+               "config": {"online_batch": ONLINE_BATCH, "streams": cfg["streams"], "rule": RULE,
+                          "methods": {s: list(m) for s, m in cfg["methods"].items()},
+                          "ablation": [[v, o] for v, o in ABLATION], "ablated": ABLATED,
+                          "anchors": list(ANCHORS)},
+               "summary": summary, "verdicts": verdicts, "ablation": ablation,
+               "invocations": old["invocations"] + [invocation], "runs": runs, "ablation_runs": ablation_runs}
+    out = write_json(path, payload)
+    plot(payload, args.out)
+
+    for stream, by_budget in summary.items():
+        print(f"\n{stream}, {PROTOCOL} (batch {ONLINE_BATCH}): final accuracy, mean ± std over seeds")
+        for b, rows in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            v = verdicts.get(stream, {}).get(b)
+            print(f"  {int(b) / 1e6:g} MB" + (f" — {v['growmem']} vs {v['other']}: {v['difference']:+.4f} ({v['verdict']})"
+                                              if v else ""))
+            for m, r in sorted(rows.items(), key=lambda kv: -kv[1]["accuracy_mean"]):
+                over = "" if r["within_budget"] else "  OVER BUDGET"
+                print(f"    {m:22s} {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}  n={len(r['seeds'])}  "
+                      f"{r['bytes_peak'] / 1e6:.3f} MB ({r['bytes_peak'] / int(b):.2f} of the budget){over}")
+    for stream, by_budget in ablation.items():
+        for b, rows in by_budget.items():
+            print(f"\nablation of {ABLATED}, {stream} at {int(b) / 1e6:g} MB:")
+            for v, r in rows.items():
+                vs = f"  {r['difference_vs_full']:+.4f} vs full ({r['vs_full']})" if "vs_full" in r else ""
+                print(f"    {v:45s} {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}{vs}")
+    print(f"wrote {out} and {args.out / 'continual_frontier.png'}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

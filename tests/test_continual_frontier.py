@@ -1,0 +1,149 @@
+"""The frontier's protocol: online experience replay (its buffers, bytes and batches), the budget-sized
+recipe, and the frontier benchmark end to end on generated data."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from growmem.continual import baselines as B  # noqa: E402
+from growmem.continual import methods  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MEAN, STD = 0.1307, 0.3081
+
+
+def _pixels(rng, n, d=784):
+    p = rng.integers(0, 256, size=(n, d))
+    return p, torch.from_numpy(((p / 255.0 - MEAN) / STD).astype(np.float32))
+
+
+def _feed(plugin, x, y, batch=10):
+    """Drive the plugin as Avalanche's template does: before_forward, then after_training_iteration."""
+    seen = []
+    for a in range(0, len(y), batch):
+        s = SimpleNamespace(mbatch=[x[a:a + batch], torch.as_tensor(y[a:a + batch]), torch.zeros(len(y[a:a + batch]),
+                                                                                              dtype=torch.int64)])
+        plugin.before_forward(s)
+        seen.append(s.mbatch)
+        plugin.after_training_iteration(s)
+    return seen
+
+
+def test_reservoir_keeps_each_stream_sample_with_equal_probability():
+    """Vitter's reservoir: after n samples each one is in the buffer with probability m/n — counted over
+    400 streams (a binomial check, 5 standard deviations)."""
+    n, m, runs = 200, 20, 400
+    x = torch.zeros((n, 4))
+    hits = np.zeros(n)
+    for r in range(runs):
+        p = B.OnlineReplay(m, 5, "reservoir", n, seed=r, codes=None, normalize=(0.0, 1.0 / 255))
+        _feed(p, x, np.arange(n))                    # every sample its own class: the labels are the ids
+        assert p.size == m and p.seen == n
+        hits[p.y[:p.size]] += 1
+    freq = hits / runs
+    sd = np.sqrt((m / n) * (1 - m / n) / runs)
+    assert np.all(np.abs(freq - m / n) < 5 * sd), (freq.min(), freq.max())
+
+
+def test_class_balanced_reservoir_ends_balanced_and_never_evicts_a_smaller_class():
+    rng = np.random.default_rng(3)
+    y = np.r_[np.zeros(600, int), np.ones(150, int), np.full(60, 2)]
+    _, x = _pixels(rng, len(y), d=16)
+    p = B.OnlineReplay(90, 10, "balanced", 3, seed=1)
+    sizes = []
+    for a in range(0, len(y), 10):
+        _feed(p, x[a:a + 10], y[a:a + 10])
+        sizes.append(np.bincount(p.y[:p.size], minlength=3))
+    assert p.size == 90
+    assert np.bincount(p.y, minlength=3).tolist() == [30, 30, 30]
+    # while class 1 streams in, class 0 only shrinks and class 1 only grows
+    during = np.array(sizes[60:75])
+    assert np.all(np.diff(during[:, 0]) <= 0) and np.all(np.diff(during[:, 1]) >= 0)
+
+
+def test_replay_batches_hold_the_stream_then_buffer_samples_decoded_exactly_and_bytes_count_what_is_stored():
+    rng = np.random.default_rng(4)
+    pix, x = _pixels(rng, 60)
+    y = rng.integers(0, 10, 60)
+    p = B.OnlineReplay(25, 7, "reservoir", 10, seed=0)
+    batches = _feed(p, x, y)
+    assert len(batches[0][0]) == 10                                   # an empty buffer adds nothing
+    for xb, yb, tb in batches[1:]:
+        assert len(xb) == len(yb) == len(tb) == 17
+        # the replayed rows are stream samples, decoded from their 8-bit pixels to the stream's inputs
+        for row, label in zip(xb[10:], yb[10:]):
+            i = int(np.argmin(((x - row) ** 2).sum(1)))
+            assert torch.allclose(row, x[i], atol=1e-5) and int(y[i]) == int(label)
+    assert p.x.dtype == np.uint8 and p.nbytes() == 25 * (784 + 1)
+    assert {tuple(r) for r in p.x.tolist()} <= {tuple(r) for r in pix.tolist()}
+
+
+def test_dct_codes_are_stored_in_bfloat16_and_counted_as_such():
+    rng = np.random.default_rng(5)
+    _, x = _pixels(rng, 30)
+    y = rng.integers(0, 10, 30)
+    codes = B.er_codes("er_balanced:dct", 784)
+    p = B.OnlineReplay(12, 4, "balanced", 10, seed=0, codes=codes)
+    batches = _feed(p, x, y)
+    want = torch.from_numpy(np.asarray(codes.prepare(x.numpy()), np.float32) * np.float32(np.sqrt(codes.key_dim)))
+    assert batches[0][0].shape == (10, codes.key_dim)
+    torch.testing.assert_close(batches[0][0], want[:10])
+    assert p.x.dtype == np.int16 and p.nbytes() == 12 * (2 * codes.key_dim + 1)
+    stored = torch.from_numpy(p.x).view(torch.bfloat16).float()
+    assert all(torch.isclose(stored[i], want.to(torch.bfloat16).float()).all(1).any() for i in range(12))
+
+
+def test_the_budget_sizes_the_width_and_the_buffer_and_names_say_what_is_stored():
+    assert B.er_width(1_000_000, 784, 10) == 128            # 784·128 + ... float32 ≤ 0.5 MB; 256 would not fit
+    assert 4 * (784 * 128 + 128 + 1290 + 10) <= 500_000 < 4 * (784 * 256 + 256 + 2570 + 10)
+    assert B.er_width(100_000, 100, 10) == 64
+    with pytest.raises(ValueError, match="raise --memory-budget"):
+        B.er_width(10_000, 784, 10)
+    m = methods.resolve("er_balanced:dct")
+    assert (m.kind, m.family) == ("avalanche", "er") and "class-balanced" in m.description and "DCT" in m.description
+    assert "er_reservoir:raw" in methods.valid_methods()
+    from growmem.continual.runner import baseline_settings_for
+    stream = SimpleNamespace(name="split_mnist", input_size=784, n_classes=10, task_incremental=False)
+    s = baseline_settings_for(methods.resolve("er_reservoir:raw"), stream, {}, 1_000_000, 785)
+    model = 4 * (784 * 128 + 128 + 128 * 10 + 10)                      # SGD without momentum: no optimizer state
+    assert s["hidden_size"] == 128 and s["mem_size"] == (1_000_000 - model) // 785
+
+
+def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke",
+           "--streams", "split_mnist", "--methods", "target:dct_merge,er_balanced:dct", "--budgets", "0.2MB"]
+    for part, seeds in (("a", "1,2"), ("b", "3")):
+        proc = subprocess.run(cmd + ["--seeds", seeds, "--out", str(tmp_path / part)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "a" / "continual_frontier.json").read_text())
+    rows = doc["summary"]["split_mnist"]["200000"]
+    assert set(rows) == {"target:dct_merge", "er_balanced:dct"} and doc["protocol"] == "online"
+    for r in rows.values():
+        assert r["seeds"] == [1, 2] and r["within_budget"] and 0 < r["bytes_peak"] <= 200_000
+        assert np.mean(r["accuracy_values"]) == pytest.approx(r["accuracy_mean"])
+    v = doc["verdicts"]["split_mnist"]["200000"]
+    assert (v["growmem"], v["other"], v["seeds"]) == ("target:dct_merge", "er_balanced:dct", [1, 2])
+    from scipy import stats                                         # the verdict, computed independently
+    a, b = rows["target:dct_merge"]["accuracy_values"], rows["er_balanced:dct"]["accuracy_values"]
+    d = np.subtract(a, b)
+    assert v["difference"] == pytest.approx(d.mean())
+    sig = d.std(ddof=1) == 0 and d.mean() != 0 or (d.std(ddof=1) > 0 and stats.ttest_rel(a, b).pvalue < 0.05)
+    assert v["verdict"] == ("tie" if not sig else "better" if d.mean() > 0 else "worse")
+    runs = [r for r in doc["runs"] if r["method"] == "target:dct_merge"]
+    assert all(r["protocol"] == "online" and r["budget"] == 200_000 for r in runs)
+    assert all(r["config"]["batch_size"] == 10 and r["config"]["epochs"] == 1 for r in runs)
+    assert (tmp_path / "a" / "continual_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = subprocess.run(cmd + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json"),
+                                 str(tmp_path / "b" / "continual_frontier.json")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    both = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
+    assert both["summary"]["split_mnist"]["200000"]["er_balanced:dct"]["seeds"] == [1, 2, 3]
+    assert len(both["invocations"]) == 3
