@@ -225,7 +225,7 @@ def render_continual_frontier(doc) -> str:
         for m in methods:
             cells = []
             for b in budgets:
-                r = by_budget[b].get(m)
+                r = by_budget[b][m] if m in by_budget[b] else None
                 cells.append("–" if r is None else _mean_sd(r) + ("" if r["within_budget"] else " (over)"))
             gm = any(by_budget[b][m]["growmem"] for b in budgets if m in by_budget[b])
             rows.append([f"**`{m}`**" if gm else f"`{m}`"] + cells)
