@@ -389,7 +389,7 @@ def test_a_failing_call_leaves_its_folders_free_for_the_next_one_at_once(tmp_pat
     doc = run_continual(bm, methods=["growmem"], seeds=[0], out=out, checkpoint_dir=tmp_path / "ck2",
                         progress=False, verbose=False)
     assert (out / "continual.json").is_file() and doc["runs"][0]["seed"] == 0
-    # the failed call saved no checkpoint: it left nothing behind, so its checkpoint folder takes a new run
-    doc = run_continual(bm, methods=["growmem"], seeds=[0], out=tmp_path / "out2", checkpoint_dir=ck,
+    # its checkpoint folder is free too: the failed run is resumed from it at once
+    doc = run_continual(bm, methods=["growmem"], seeds=[0], out=tmp_path / "out2", checkpoint_dir=ck, resume=True,
                         progress=False, verbose=False)
     assert len(doc["runs"]) == 1
