@@ -77,10 +77,11 @@ ANCHORS = (
 )
 #: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
 #: the preset's or the rule's value sits inside every grid
-def _er_widths(budget, stream):
+def _er_widths(budget, method):
+    """Half, the rule's and twice the width :func:`growmem.continual.baselines.er_width` gives ``method``."""
     from growmem.continual.baselines import er_codes, er_width
 
-    codes = er_codes("er_balanced:raw" if stream is None else stream, 784)
+    codes = er_codes(method, 784)
     h = er_width(budget, 784 if codes is None else codes.key_dim, 10)
     return [{"hidden_size": w} for w in (h // 2, h, 2 * h)]
 

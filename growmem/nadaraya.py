@@ -41,8 +41,9 @@ from the largest (regime, class) group until it fits:
   ``1/w`` on ``½‖q − k‖²``) when that costs less than the cheapest merge of two of the class's rows
   (searched among ``candidates`` random rows and every row of the class); else that pair merges and
   the sample takes the freed row. A sample of a smaller class takes a row of the largest class,
-  freed by its cheapest merge. The estimator weighs each prototype by the samples it absorbed
-  (``w`` in (NW-1)). Ward's cost keeps a row near a class's centre from absorbing the whole class
+  freed by its cheapest merge. A prototype's ``ṽ`` is the sum of the targets it absorbed (``w``
+  times its class's one-hot), so (NW-1) reads ``Σ e^{…} ṽ_i / Σ w_i e^{…}``: each prototype weighs as
+  the samples it stands for. Ward's cost keeps a row near a class's centre from absorbing the whole class
   (the nearest-mean rule alone does: the mean is nearer to most samples than any sample is).
 
 Nothing non-finite enters: a candidate row whose key or target is not finite is dropped and
@@ -313,7 +314,7 @@ class TargetMemory:
         self.labels: List[np.ndarray] = []          # host copy of each row's class (argmax ṽ), for eviction groups
         self.step_count = 0
         self.headroom = 0                           # the largest batch observed (room kept free under a budget)
-        self.counts = {"seen": 0, "stored": 0, "evicted": 0, "dropped": 0, "merged": 0}
+        self.counts = dict.fromkeys(COUNTS, 0)
 
     # ------------------------------------------------------------------ sizes
     @property

@@ -66,8 +66,10 @@ require_avalanche()
 import torch  # noqa: E402
 from avalanche.core import SupervisedPlugin  # noqa: E402
 
+from .methods import ONLINE_REPLAY  # noqa: E402
+
 BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint",
-             "er_reservoir:raw", "er_balanced:raw", "er_reservoir:dct", "er_balanced:dct")
+             *ONLINE_REPLAY)
 _REPLAY = re.compile(r"^replay_(\d+)$")
 _ER = re.compile(r"^er_(reservoir|balanced):(raw|dct)$")
 #: hidden widths an online-replay MLP may take: the widest whose parameters fit half the budget
@@ -216,12 +218,19 @@ class OnlineReplay(SupervisedPlugin):
         mean, std = self.normalize
         return torch.from_numpy((rows.astype(np.float32) / 255.0 - mean) / std)
 
+    @staticmethod
+    def sample_bytes(n_features: int, codes=None, task_labels: bool = False) -> int:
+        """Bytes of one buffered sample: its input (8-bit pixels, or ``codes``' bfloat16 keys) plus a one-byte
+        class (and a one-byte task label)."""
+        n = n_features if codes is None else 2 * codes.key_dim
+        return int(n + 1 + (1 if task_labels else 0))
+
     def nbytes(self) -> int:
-        """Bytes of the samples in the buffer: each input at its stored dtype plus a one-byte class (and a
-        one-byte task label)."""
+        """Bytes of the samples in the buffer (:meth:`sample_bytes` each)."""
         if self.x is None:
             return 0
-        return int(self.size * (self.x.shape[1] * self.x.dtype.itemsize + 1 + 1 * (self.t[:self.size].max(initial=0) > 0)))
+        task = bool(self.t[:self.size].max(initial=0) > 0)
+        return self.size * self.sample_bytes(self.x.shape[1] if self.codes is None else 0, self.codes, task)
 
     # --------------------------------------------------------------- the plugin
     def before_forward(self, strategy, **kwargs):

@@ -342,8 +342,8 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
         s = {"hidden_size": B.er_width(budget, n_in, stream.n_classes), **settings}
         r = B.recipe(method.name, stream.name, s)
         fixed = module_bytes(B.make_model(stream, {**r, "input_size": n_in})) * (2 if r["momentum"] else 1)
-        per = (2 * codes.key_dim + 1 + (1 if stream.task_incremental else 0)) if codes is not None else \
-            (sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8)
+        per = B.OnlineReplay.sample_bytes(stream.input_size, codes, stream.task_incremental) \
+            if codes is not None or sample_bytes is not None else 4 * stream.input_size + 8
         return {**s, "mem_size": B.replay_capacity(budget, fixed, per)}
     if method.name != "replay_bytes":
         return settings
