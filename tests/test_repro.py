@@ -488,3 +488,42 @@ def test_table_verdicts_come_from_the_claims_and_old_jsons_are_not_given_one(smo
     assert rows["vit-ffn"][5] == "inconclusive at this size (≈ 11 seeds would decide it)"
     assert rows["vit-ffn"][4] == "2"
     assert rows["delta-decay"][4] == "1" and rows["delta-decay"][5] == "not decided: rerun the command"
+
+
+def test_an_out_folder_in_use_and_another_presets_result_are_refused(tmp_path, capsys):
+    """``--out`` is held by one invocation (a second would empty the first's resume cache), and a run never
+    replaces a JSON of another preset (a smoke run over the committed cpu result): both refused before any work,
+    in one line, the files untouched."""
+    import subprocess
+    import sys
+
+    held = tmp_path / "held"
+    partial = held / "newton-steps.partial.jsonl"
+    held.mkdir()
+    partial.write_text('{"key": "a", "preset": "smoke", "result": {}}\n')
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from growmem import locks; "
+                               f"locks.acquire({str(held)!r}, 'x'); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(repro.ReproError, match="in use by another growmem process"):
+            repro.run("newton-steps", "smoke", out=held, progress=False)
+        assert main(["repro", "newton-steps", "--preset", "smoke", "--out", str(held)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("growmem repro: ") and "in use" in err and len(err.strip().splitlines()) == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert partial.read_text() == '{"key": "a", "preset": "smoke", "result": {}}\n'   # the cache is untouched
+
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    doc = '{"experiment": "newton-steps", "preset": "cpu", "summary": {}}'
+    (cpu / "newton-steps.json").write_text(doc)
+    with pytest.raises(repro.ReproError, match="holds the cpu preset's result.*another --out"):
+        repro.run("newton-steps", "smoke", out=cpu, progress=False)
+    (cpu / "delta-decay.json").write_text("not json")
+    with pytest.raises(repro.ReproError, match="is not a growmem repro result"):
+        repro.run("delta-decay", "smoke", out=cpu, progress=False)
+    assert (cpu / "newton-steps.json").read_text() == doc and (cpu / "delta-decay.json").read_text() == "not json"
+    assert sorted(p.name for p in cpu.iterdir()) == ["delta-decay.json", "newton-steps.json"]

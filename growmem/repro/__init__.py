@@ -77,17 +77,29 @@ def run(name: str, preset: str, *, out=None, data_dir=None, download: bool = Fal
     cfg = merge(exp.preset(preset), overrides)
     out = Path(DEFAULT_OUT if out is None else out)
     check_data(exp.datasets(cfg), data_dir, download=download, who=f"{name} --preset {preset} ")
-    ctx = Context(name, preset, out, data_dir, resume=resume, progress=progress)
-    t0 = time.perf_counter()
+    from .. import locks
+    from .core import check_overwrite
+    if out.exists() and not out.is_dir():
+        raise ReproError(f"--out {out} is a file, not a folder; pass a folder")
+    check_overwrite(out, name, preset)
+    try:                  # one invocation per folder: a second would empty the first's resume cache
+        held = locks.acquire(out, "the repro output folder")
+    except (locks.LockedError, OSError) as e:
+        raise ReproError(str(e)) from None
     try:
-        payload = exp.run(ctx, cfg)
+        ctx = Context(name, preset, out, data_dir, resume=resume, progress=progress)
+        t0 = time.perf_counter()
+        try:
+            payload = exp.run(ctx, cfg)
+        finally:
+            if ctx.bar is not None:
+                ctx.bar.close()
+        seconds = time.perf_counter() - t0
+        json_path, png = write_results(exp, preset, cfg, payload, out, seconds=seconds, notes=ctx.notes,
+                                       command=command or command_line(name, preset))
+        ctx.finish()
     finally:
-        if ctx.bar is not None:
-            ctx.bar.close()
-    seconds = time.perf_counter() - t0
-    json_path, png = write_results(exp, preset, cfg, payload, out, seconds=seconds, notes=ctx.notes,
-                                   command=command or command_line(name, preset))
-    ctx.finish()
+        locks.release(held)
     import json
     doc = json.loads(Path(json_path).read_text())
     doc["paths"] = {"json": str(json_path), "png": str(png)}

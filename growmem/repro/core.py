@@ -23,8 +23,11 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-#: where ``growmem repro`` writes by default (relative to the working directory: the repository root)
-DEFAULT_OUT = Path("benchmarks") / "results" / "repro"
+#: where ``growmem repro`` writes by default (relative to the working directory); the committed results are
+#: written with ``--out benchmarks/results/repro``
+DEFAULT_OUT = Path("runs") / "repro"
+#: the committed results (README_TABLE.md and the docs render from here)
+COMMITTED = Path("benchmarks") / "results" / "repro"
 PRESETS = ("smoke", "cpu", "paper")
 #: datasets a preset may need (everything else is generated)
 IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
@@ -709,6 +712,24 @@ def pct(x: Optional[float], digits: int = 2) -> str:
 
 def command_line(name: str, preset: str, extra: Sequence[str] = ()) -> str:
     return " ".join(["growmem repro", name, "--preset", preset, *extra])
+
+
+def check_overwrite(out: Path, name: str, preset: str):
+    """Refuse a run whose ``out/NAME.json`` would replace another preset's result (a smoke run over a
+    cpu run's JSON) or a file that is not a reproduction's result."""
+    path = Path(out) / f"{name}.json"
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text()).get("preset")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    if old is None:
+        raise ReproError(f"{path} is not a growmem repro result; a {preset} run would replace it: pass another "
+                         f"--out, or move that file away")
+    if old != preset:
+        raise ReproError(f"{path} holds the {old} preset's result; a {preset} run would replace it: pass another "
+                         f"--out, or remove that file first")
 
 
 def write_results(exp: Experiment, preset: str, cfg: dict, payload: dict, out: Path, *, seconds: float,
