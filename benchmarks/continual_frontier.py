@@ -47,11 +47,13 @@ PROTOCOL = "online"
 #: the online protocol's mini-batch (stream samples a step)
 ONLINE_BATCH = 10
 GROWMEM_FAMILIES = ("target", "net")
-_IMAGE = ("knn:raw", "ncm:raw", "slda:raw", "er_reservoir:raw", "er_balanced:raw")
+_IMAGE = ("knn:raw", "er_reservoir:raw", "er_balanced:raw")
+#: on the domain-incremental streams growmem keys by random projections (DCT frequencies of permuted pixels are
+#: noise: kNN on DCT codes of Permuted-MNIST scored 0.39 at 1 MB where on projections it scores as the rest), and
+#: the controls store what it stores; SLDA on raw pixels (a 784 x 784 covariance, 2.4 MB) fits no budget here
 METHODS = {
-    "split_mnist": ("target:dct_merge", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct",
-                    "knn:raw", "er_reservoir:raw", "er_balanced:raw"),
-    "permuted_mnist": ("target:dct_merge", "knn:dct", "ncm:dct", "er_balanced:dct") + _IMAGE,
+    "split_mnist": ("target:dct_merge", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct") + _IMAGE,
+    "permuted_mnist": ("target:proj_merge", "knn:proj", "ncm:proj", "slda:proj", "er_balanced:proj") + _IMAGE,
 }
 METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
 #: (variant, overrides of target:dct_merge): one policy changed at a time; "full" is the method's own runs
@@ -99,8 +101,8 @@ PRESETS = {
                            "permuted_mnist": dict(n_experiences=2, train_limit=300, test_limit=200),
                            "rotated_mnist": dict(n_experiences=2, train_limit=300, test_limit=200)},
                   methods={"split_mnist": ("target:dct_merge", "knn:dct", "er_balanced:raw", "er_balanced:dct"),
-                           "permuted_mnist": ("target:dct_merge", "er_balanced:raw"),
-                           "rotated_mnist": ("target:dct_merge", "er_balanced:raw")}),
+                           "permuted_mnist": ("target:proj_merge", "er_balanced:raw"),
+                           "rotated_mnist": ("target:proj_merge", "er_balanced:raw")}),
     # Permuted- and Rotated-MNIST: 10 experiences of the same 6,000 training images (a tenth of MNIST: 60,000
     # online samples in all, as Split-MNIST; 10 x 60,000 does not fit a session of 2 cores beside it), each
     # evaluated on 2,000 test images; the paper preset runs the whole of MNIST in every experience

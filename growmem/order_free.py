@@ -14,9 +14,9 @@ for the raw inputs). Every class is a drop-in for a target memory as a per-task 
   computed a block of stored rows at a time (never a ``(B, N, d)`` tensor) with a running
   ``argpartition`` top-k. Votes are whole numbers; a class that has votes also gets
   ``1 / (2 + δ)``, ``δ`` the distance of its nearest neighbour among the ``k`` (at most one half), so
-  equal votes are broken by distance (then, within float32 resolution, by the lower class id). Under ``budget_bytes`` it keeps at most the rows the budget
-  holds, evicting at random from the largest class (class-balanced, as GDumb's sampler and a target
-  memory's ``evict="random"``: :func:`growmem.nadaraya.eviction_marks`).
+  equal votes are broken by distance (then, within float32 resolution, by the lower class id). Under
+  ``budget_bytes`` it keeps at most the rows the budget holds, chosen by a class-balanced reservoir
+  (:mod:`growmem.reservoir`: each class's rows a uniform sample of that class's stream).
 * :class:`NCM` holds every class's mean key and count; a query scores minus its Euclidean distance to
   each class mean.
 * :class:`SLDA` holds the class means, their counts and one covariance ``Σ`` shared by the classes,
@@ -67,6 +67,7 @@ import numpy as np
 
 from . import nadaraya
 from .keyspaces import Identity, KeySpace
+from .reservoir import Slots
 
 #: how kNN may store its keys
 ROW_DTYPES = ("bfloat16", "float32", "uint8")
@@ -231,8 +232,8 @@ class KNN(_OrderFree):
 
     ``k``: neighbours that vote; ``metric``: ``euclidean`` | ``cosine``; ``row_dtype``: ``bfloat16`` |
     ``float32`` | ``uint8`` (8-bit pixels over ``Identity(d, normalise=False)``, with ``normalize=(mean,
-    std)`` the stream's pixel normalisation); ``budget_bytes``: keep at most the rows it holds, evicting at
-    random from the largest class (``seed`` draws the victims); ``chunk``: stored rows per distance block.
+    std)`` the stream's pixel normalisation); ``budget_bytes``: keep at most the rows it holds, a
+    class-balanced reservoir of the stream (``seed`` draws it); ``chunk``: stored rows per distance block.
     """
 
     name = "knn"
@@ -270,6 +271,7 @@ class KNN(_OrderFree):
         self._y = np.zeros(0, self.label_dtype)
         self.size = 0
         self.max_rows = None
+        self.slots = None
         if self.budget_bytes is not None:
             room = self.budget_bytes - keys.nbytes() - self._other_bytes()
             self.max_rows = max(0, room // self.row_bytes)
@@ -279,6 +281,7 @@ class KNN(_OrderFree):
                                  f"{self.row_bytes} B (beside {keys.nbytes()} B of {keys.name} key space state); "
                                  f"kNN needs at least one per class ({self.d_out}): raise the budget to at least "
                                  f"{need} B")
+            self.slots = Slots(self.max_rows, self.d_out, "balanced", self.rng)
 
     @property
     def row_bytes(self) -> int:
@@ -334,22 +337,23 @@ class KNN(_OrderFree):
     def _learn(self, z, y) -> int:
         rows = self._encode(z)                 # raises before anything changes
         labels = y.astype(self.label_dtype)
-        n, m = self.size, len(rows)
-        evicted = 0
-        if self.max_rows is not None and n + m > self.max_rows:
-            both = np.concatenate([self._y[:n], labels])
-            drop = nadaraya.eviction_marks([both], n + m - self.max_rows, self.d_out,
-                                           lambda j, c, idx, r: self.rng.choice(idx, r, replace=False))[0]
-            keep_old, keep_new = ~drop[:n], ~drop[n:]
-            kept = int(keep_old.sum())
-            self._k[:kept], self._y[:kept] = self._k[:n][keep_old], self._y[:n][keep_old]
-            self.size = n = kept
-            rows, labels = rows[keep_new], labels[keep_new]
-            evicted = int(drop.sum())
-        self._reserve(n + len(rows))
-        self._k[n:n + len(rows)], self._y[n:n + len(rows)] = rows, labels
-        self.size = n + len(rows)
-        return evicted
+        n = self.size
+        if self.max_rows is None:
+            self._reserve(n + len(rows))
+            self._k[n:n + len(rows)], self._y[n:n + len(rows)] = rows, labels
+            self.size = n + len(rows)
+            return 0
+        # under the budget: a class-balanced reservoir (growmem.reservoir) says which row each sample takes
+        self._reserve(min(self.max_rows, n + len(rows)))
+        left = 0                             # samples that leave: a replaced row, or a newcomer not admitted
+        for r, c in zip(rows, labels):
+            j = self.slots.offer(int(c), self._y)
+            if j is None or j < self.size:
+                left += 1
+            if j is not None:
+                self._k[j], self._y[j] = r, c
+                self.size = max(self.size, j + 1)
+        return left
 
     # ------------------------------------------------------------------ answer
     def neighbours(self, z: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -397,7 +401,8 @@ class KNN(_OrderFree):
 
     # ------------------------------------------------------------------ state
     def _arrays(self):
-        return {"rows_k": self._k[:self.size].copy(), "rows_y": self._y[:self.size].copy()}
+        st = {"rows_k": self._k[:self.size].copy(), "rows_y": self._y[:self.size].copy()}
+        return st if self.slots is None else {**st, **self.slots.state()}
 
     def _load_arrays(self, st):
         k = _as(st["rows_k"], self.key_dtype).reshape(-1, self.keys.key_dim)
@@ -409,6 +414,11 @@ class KNN(_OrderFree):
         self._reserve(len(k))
         self._k[:len(k)], self._y[:len(k)] = k, y
         self.size = len(k)
+        if self.slots is not None:
+            if "slots_counts" not in st:
+                raise ValueError("this kNN state was saved before kNN kept a class-balanced reservoir (it has no "
+                                 "reservoir counts): start the run afresh")
+            self.slots.load_state(st, y)
 
     def describe(self):
         return {**super().describe(), "k": self.k, "metric": self.metric, "row_dtype": self.row_dtype,

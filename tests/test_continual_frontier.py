@@ -147,3 +147,35 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     both = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
     assert both["summary"]["split_mnist"]["200000"]["er_balanced:dct"]["seeds"] == [1, 2, 3]
     assert len(both["invocations"]) == 3
+
+
+def test_proj_baselines_store_the_target_proj_merge_presets_keys():
+    """``:proj`` baselines (kNN, NCM, SLDA, online replay) store what ``target:proj_merge`` stores: the
+    preset's random projections, whatever the pixel order — distances between permuted images are those
+    between the images (the same permutation applied to both), up to the projection's distortion."""
+    from growmem import config
+    from growmem.continual.learner import OrderFreePreset
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 256, (40, 784)).astype(np.float32)
+    space = config.load("target_proj_merge").key_space(784)
+    want = np.asarray(space.prepare(x))
+    knn = methods.resolve("knn:proj")
+    assert knn.family == "knn" and "random projections" in knn.description
+    assert {"ncm:proj", "slda:proj", "er_reservoir:proj", "er_balanced:proj"} <= set(methods.valid_methods())
+    np.testing.assert_array_equal(np.asarray(OrderFreePreset("knn", "proj").key_space(784).prepare(x)), want)
+    np.testing.assert_array_equal(np.asarray(B.er_codes("er_balanced:proj", 784).prepare(x)), want)
+    assert B.er_codes("er_balanced:raw", 784) is None
+    target = methods.resolve("target:proj_merge")
+    assert (target.family, target.preset) == ("target", "target_proj_merge")
+    # whatever the order of the pixels: with one permutation applied to both images of a pair, the keys'
+    # distance follows the pixels' distance (Johnson-Lindenstrauss), the pairs ranging from near to far
+    a = rng.uniform(0, 1, (30, 784)).astype(np.float32)
+    b = a + np.linspace(0.02, 2.0, 30, dtype=np.float32)[:, None] * rng.uniform(0, 1, (30, 784)).astype(np.float32)
+    unit = lambda v: (v - v.min(1, keepdims=True)) / np.linalg.norm(v - v.min(1, keepdims=True), axis=1, keepdims=True)
+    d_pix = np.linalg.norm(unit(a) - unit(b), axis=1)
+    perm = rng.permutation(784)
+    d_key = np.linalg.norm(np.asarray(space.prepare(a[:, perm])) - np.asarray(space.prepare(b[:, perm])), axis=1)
+    assert np.corrcoef(d_pix, d_key)[0, 1] > 0.95
+    with pytest.raises(Exception, match="key set"):
+        methods.resolve("knn:pca")

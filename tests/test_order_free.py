@@ -235,6 +235,31 @@ def test_knn_budget_holds_the_bytes_and_evicts_class_balanced():
         of.KNN(_raw(), C, budget_bytes=3 * row + 1)
 
 
+@pytest.mark.parametrize("keep", [240, 122])          # 122 rows: the classes cannot hold equal shares
+def test_knn_budget_keeps_every_domain_of_a_class_that_comes_back(keep):
+    """A class-balanced *reservoir*: on a domain-incremental stream (every class in each of 8 domains, one
+    after the other) each class's rows stay a uniform sample of its stream, so every domain keeps about an
+    eighth of them. Random replacement would keep a stored row for ~``max_rows / batch`` batches: the first
+    domains would be gone (so would a CBRS without its "stays full" rule when the classes do not divide the
+    rows). Checked against the binomial spread of a uniform sample."""
+    rng = np.random.default_rng(21)
+    domains, per = 8, 300
+    x = rng.normal(size=(domains * per, D)).astype(np.float32)
+    x[:, 0] = np.repeat(np.arange(domains), per) * 10.0          # the domain, readable from the stored keys
+    y = rng.integers(0, C, len(x))
+    m = of.KNN(_raw(), C, budget_bytes=keep * (4 * D + 1) + 5, row_dtype="float32", seed=4)
+    for a in range(0, len(x), 32):
+        m.observe(x[a:a + 32], y[a:a + 32])
+    st = m.state()
+    dom = np.rint(np.asarray(st["rows_k"], np.float32)[:, 0] / 10.0).astype(int)
+    counts = np.bincount(dom, minlength=domains)
+    assert counts.sum() == keep and m.counts["evicted"] == len(x) - keep
+    sd = np.sqrt(keep * (1 / domains) * (1 - 1 / domains))
+    assert np.all(np.abs(counts - keep / domains) <= 4 * sd), counts   # the first domain too
+    held = np.bincount(st["rows_y"], minlength=C)
+    assert held.max() - held.min() <= 1, held
+
+
 @pytest.mark.parametrize("cls", [of.NCM, of.SLDA])
 def test_fixed_size_models_refuse_a_budget_below_their_size(cls):
     size = C * D * 4 + C * 8 + (D * D * 4 if cls is of.SLDA else 0)

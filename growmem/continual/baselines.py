@@ -23,7 +23,8 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
                  mini-batch of 10 stream samples is trained on together with 10 samples drawn from a
                  buffer, then offered to it — ``reservoir`` (uniform over the stream) or
                  ``balanced`` (class-balanced reservoir); the buffer holds ``raw`` 8-bit images or
-                 ``dct`` codes (the target_dct preset's keys, bfloat16) and as many samples as the
+                 ``dct`` / ``proj`` codes (the target_dct / target_proj_merge preset's keys,
+                 bfloat16) and as many samples as the
                  budget holds beside the model; the recipe is Avalanche's online-replay baseline
                  (SGD lr 0.1, one hidden layer), its width the widest of 512/256/.../4 units
                  whose parameters take at most half the budget
@@ -59,6 +60,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from ..reservoir import POLICIES, Slots
 from .errors import require_avalanche, unknown
 
 require_avalanche()
@@ -71,7 +73,7 @@ from .methods import ONLINE_REPLAY  # noqa: E402
 BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint",
              *ONLINE_REPLAY)
 _REPLAY = re.compile(r"^replay_(\d+)$")
-_ER = re.compile(r"^er_(reservoir|balanced):(raw|dct)$")
+_ER = re.compile(r"^er_(reservoir|balanced):(raw|dct|proj)$")
 #: hidden widths an online-replay MLP may take: the widest whose parameters fit half the budget
 ER_WIDTHS = (512, 256, 128, 64, 32, 16, 8, 4)
 
@@ -140,12 +142,13 @@ def is_online_replay(name: str) -> bool:
 
 
 def er_codes(name: str, input_size: int):
-    """The fixed map an online-replay buffer stores (``dct``: the target_dct preset's key space), or None."""
-    if _ER.match(name).group(2) == "raw":
-        return None
+    """The fixed map an online-replay buffer stores (the key space of its key set's preset,
+    :data:`growmem.continual.methods.KEY_SETS`), or None for raw images."""
     from growmem import config
+    from .methods import KEY_SETS
 
-    return config.load("target_dct").key_space(int(input_size))
+    preset = KEY_SETS[_ER.match(name).group(2)]
+    return None if preset is None else config.load(preset).key_space(int(input_size))
 
 
 def er_width(budget_bytes: int, n_in: int, n_classes: int) -> int:
@@ -164,12 +167,9 @@ class OnlineReplay(SupervisedPlugin):
     samples gets ``batch_size_mem`` samples drawn uniformly (with replacement) from the buffer; after the
     update the stream samples are offered to the buffer of ``mem_size`` samples:
 
-    * ``reservoir`` — Vitter's reservoir over the whole stream: the ``n``-th sample enters with
-      probability ``mem_size / n``, replacing a uniform victim;
-    * ``balanced`` — class-balanced reservoir (CBRS, Chrysakis & Moens 2020): while the buffer is full,
-      a sample of a class that is not the largest replaces a random sample of the largest class; a
-      sample of the largest class enters with probability ``m_c / n_c`` (its class's samples in the
-      buffer over those seen) replacing a random sample of its own class.
+    * ``reservoir`` — Vitter's reservoir over the whole stream;
+    * ``balanced`` — the class-balanced reservoir (CBRS, Chrysakis & Moens 2020)
+      (:mod:`growmem.reservoir` says which sample each keeps).
 
     ``codes``: a fixed key space (:mod:`growmem.keyspaces`) the inputs pass through before the model and
     the buffer (its unit-norm keys times √d; the buffer then holds bfloat16 codes); without it the buffer holds 8-bit pixels
@@ -179,8 +179,8 @@ class OnlineReplay(SupervisedPlugin):
     def __init__(self, mem_size: int, batch_size_mem: int, policy: str, n_classes: int, *, seed: int = 0,
                  codes=None, normalize=(0.1307, 0.3081)):
         super().__init__()
-        if policy not in ("reservoir", "balanced"):
-            raise unknown("online replay buffer policy", policy, ("reservoir", "balanced"))
+        if policy not in POLICIES:
+            raise unknown("online replay buffer policy", policy, POLICIES)
         if int(mem_size) < 1 or int(batch_size_mem) < 1:
             raise ValueError(f"mem_size and batch_size_mem must be >= 1, got {mem_size}, {batch_size_mem}")
         self.mem_size, self.batch_size_mem, self.policy = int(mem_size), int(batch_size_mem), policy
@@ -189,10 +189,17 @@ class OnlineReplay(SupervisedPlugin):
         self.x = None                 # (mem_size, features) uint8 pixels or bfloat16 codes
         self.y = np.zeros(self.mem_size, np.int64)
         self.t = np.zeros(self.mem_size, np.int64)
-        self.size, self.seen = 0, 0
-        self.seen_class = np.zeros(self.n_classes, np.int64)
+        self.slots = Slots(self.mem_size, self.n_classes, policy, self.rng)
         self._incoming = None
         self._eval_codes = {}         # codes of the evaluation batches (derived from the test set, not stored)
+
+    @property
+    def size(self) -> int:
+        return self.slots.size
+
+    @property
+    def seen(self) -> int:
+        return self.slots.seen
 
     def __getstate__(self):                # a saved strategy keeps the buffer, not the evaluation cache
         return {**self.__dict__, "_eval_codes": {}, "_incoming": None}
@@ -258,28 +265,10 @@ class OnlineReplay(SupervisedPlugin):
         if self.x is None:
             self.x = np.zeros((self.mem_size, rows.shape[1]), rows.dtype)
         for r, c, tt in zip(rows, y.numpy(), t.numpy()):
-            self.seen += 1
-            self.seen_class[c] += 1
-            slot = self._slot(int(c))
+            slot = self.slots.offer(int(c), self.y)
             if slot is not None:
                 self.x[slot], self.y[slot], self.t[slot] = r, c, tt
         self._incoming = None
-
-    def _slot(self, c: int):
-        """Where the sample of class ``c`` goes (None: it does not enter)."""
-        if self.size < self.mem_size:
-            self.size += 1
-            return self.size - 1
-        if self.policy == "reservoir":
-            j = int(self.rng.integers(0, self.seen))
-            return j if j < self.mem_size else None
-        counts = np.bincount(self.y[:self.size], minlength=self.n_classes)
-        big = int(np.argmax(counts))
-        if counts[c] < counts[big]:
-            return int(self.rng.choice(np.flatnonzero(self.y[:self.size] == big)))
-        if self.rng.random() < counts[c] / self.seen_class[c]:
-            return int(self.rng.choice(np.flatnonzero(self.y[:self.size] == c)))
-        return None
 
 
 def experience_seed(seed: int, experience: int) -> int:

@@ -27,16 +27,16 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from .errors import InputShapeError, UnknownNameError
+from .methods import KEY_SETS
 
 #: the default network (policies/continual_growmem.toml): the weighted_softmax preset's readout,
 #: no residual blocks, every row kept
 DEFAULT_PRESET = "continual_growmem"
 
 
-#: the order-free models (``growmem.order_free``) by method family, and their key sets: ``dct`` is the
-#: ``target_dct`` preset's key space (the keys the target memory uses), ``raw`` the pixels themselves
+#: the order-free models (``growmem.order_free``) by method family; their key sets are
+#: :data:`growmem.continual.methods.KEY_SETS` (the keys a target preset uses, or the pixels themselves)
 ORDER_FREE_MODELS = {"knn": "KNN", "ncm": "NCM", "slda": "SLDA"}
-ORDER_FREE_KEYS = ("dct", "raw")
 #: batch size of the order-free models (they see each sample once; the batch only paces the loop)
 ORDER_FREE_BATCH = 256
 #: raw-pixel kNN stores the pixels as a user would, one byte each: the stream's inputs are the MNIST family's
@@ -75,8 +75,8 @@ class OrderFreePreset:
     def key_space(self, d_in: int):
         from growmem import config, keyspaces
 
-        if self.keys == "dct":
-            return config.load("target_dct").key_space(d_in)
+        if KEY_SETS[self.keys] is not None:
+            return config.load(KEY_SETS[self.keys]).key_space(d_in)
         return keyspaces.make("identity", d_in, normalise=False)
 
     def memory(self, d_in: int, d_out: int, *, budget_bytes: Optional[int] = None, seed: Optional[int] = None):
@@ -114,8 +114,8 @@ class GrowmemConfig:
 
         family, _, keys = str(self.preset).partition(":")
         if family in ORDER_FREE_MODELS:
-            if keys not in ORDER_FREE_KEYS or any(v is not None for v in (self.n_blocks, self.max_rows)):
-                raise ValueError(f"{self.preset}: an order-free model takes keys {ORDER_FREE_KEYS} and no n_blocks / "
+            if keys not in KEY_SETS or any(v is not None for v in (self.n_blocks, self.max_rows)):
+                raise ValueError(f"{self.preset}: an order-free model takes keys {tuple(KEY_SETS)} and no n_blocks / "
                                  f"max_rows (bound it with a memory budget)")
             return OrderFreePreset(family, keys, tuple(sorted(self.overrides)))
         try:

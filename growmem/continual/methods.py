@@ -7,11 +7,12 @@
 ``net:<preset>``    a growing network (error-driven rows, :class:`growmem.Trainer`) from a network
                     preset (``net:continual_growmem``, ...)
 ``knn:<keys>``      k nearest neighbours (:class:`growmem.order_free.KNN`) on ``dct`` keys (the
-                    ``target_dct`` preset's key space) or ``raw`` pixels
+                    ``target_dct`` preset's key space), ``proj`` keys (``target_proj_merge``'s random
+                    projections) or ``raw`` pixels
 ``ncm:<keys>``      nearest class mean (:class:`growmem.order_free.NCM`)
 ``slda:<keys>``     streaming linear discriminant analysis (:class:`growmem.order_free.SLDA`)
 Avalanche's         ``naive``, ``ewc``, ``lwf``, ``gdumb``, ``replay_<N>``, ``replay_bytes``,
-strategies          ``cumulative``, ``joint``, online replay ``er_<reservoir|balanced>:<raw|dct>``
+strategies          ``cumulative``, ``joint``, online replay ``er_<reservoir|balanced>:<raw|dct|proj>``
                     (:mod:`growmem.continual.baselines`)
 =================== ==========================================================================
 
@@ -38,13 +39,16 @@ DEFAULT_NET = "net:continual_growmem"
 #: the Avalanche strategies (see growmem.continual.baselines; replay_<N> for any N)
 AVALANCHE = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint")
 #: online experience replay (growmem.continual.baselines.OnlineReplay): er_<buffer policy>:<what it stores>
-ONLINE_REPLAY = tuple(f"er_{p}:{k}" for p in ("reservoir", "balanced") for k in ("raw", "dct"))
+#: what a baseline stores, by name: the target preset whose fixed key space it shares with growmem
+#: (``dct``: target_dct's DCT codes; ``proj``: target_proj_merge's random projections), or None for raw pixels
+KEY_SETS = {"dct": "target_dct", "proj": "target_proj_merge", "raw": None}
+ONLINE_REPLAY = tuple(f"er_{p}:{k}" for p in ("reservoir", "balanced") for k in KEY_SETS)
 ORDER_FREE = ("knn", "ncm", "slda")
-KEY_SETS = ("dct", "raw")
 _REPLAY = re.compile(r"^replay_(\d+)$")
 _ORDER_FREE_NAMES = {"knn": "k nearest neighbours", "ncm": "nearest class mean",
                      "slda": "streaming linear discriminant analysis"}
-_KEY_NAMES = {"dct": "the target_dct preset's DCT keys", "raw": "raw pixels"}
+_KEY_NAMES = {"dct": "the target_dct preset's DCT keys", "proj": "the target_proj_merge preset's random projections",
+              "raw": "raw pixels"}
 _AVALANCHE_NAMES = {
     "naive": "Avalanche Naive: fine-tuning an MLP, the lower bound",
     "ewc": "Avalanche EWC: an MLP with elastic weight consolidation",
@@ -123,14 +127,14 @@ def resolve(name: str, stream: str = "", growmem: Optional[str] = None) -> Metho
         return dataclasses.replace(_preset_method(name.split(":", 1)[1], None, "net"), alias=alias)
     if name in ONLINE_REPLAY:
         policy, _, keys = name[len("er_"):].partition(":")
-        what = "8-bit images" if keys == "raw" else "the target_dct preset's DCT codes (bfloat16)"
+        what = "8-bit images" if keys == "raw" else f"{_KEY_NAMES[keys]} (bfloat16)"
         buffer = "a reservoir" if policy == "reservoir" else "a class-balanced reservoir"
         return Method(name=name, kind="avalanche", family="er",
                       description=f"online experience replay: an MLP, {buffer} of {what} at the budget")
     family, _, keys = name.partition(":")
     if family in ORDER_FREE:
         if keys not in KEY_SETS:
-            raise unknown(f"key set of {family}", keys, KEY_SETS)
+            raise unknown(f"key set of {family}", keys, tuple(KEY_SETS))
         return Method(name=name, kind="learner", family=family, preset=name,
                       description=f"{_ORDER_FREE_NAMES[family]} on {_KEY_NAMES[keys]}", alias=alias)
     if _REPLAY.match(name):
