@@ -71,6 +71,17 @@ std::vector<const Isa*> usable_isas() {
   return out;
 }
 
+// what ran, for the tests (growmem.native.stats()): calls per instruction set, in usable_isas() order, and
+// how many threads took at least one part in the last call
+std::atomic<int64_t> g_calls[3];
+std::atomic<int64_t> g_last_workers{0};
+
+void count_call(const Isa* isa) {
+  static const std::vector<const Isa*> usable = usable_isas();
+  for (size_t i = 0; i < usable.size() && i < 3; ++i)
+    if (usable[i] == isa) g_calls[i].fetch_add(1, std::memory_order_relaxed);
+}
+
 const Isa* find_isa(std::string_view name) {
   static const std::vector<const Isa*> usable = usable_isas();
   for (const Isa* isa : usable)
@@ -167,18 +178,22 @@ void run_parts(ffi::ThreadPool& pool, int64_t nparts, int64_t helpers, F& work) 
   if (nparts <= 0) return;
   if (helpers <= 0 || nparts == 1) {
     for (int64_t p = 0; p < nparts; ++p) work(p, 0);
+    g_last_workers.store(1, std::memory_order_relaxed);
     return;
   }
   struct Job {
     std::atomic<int64_t> next{0}, done{0};
-    std::atomic<int64_t> slot{0};
+    std::atomic<int64_t> slot{0}, workers{0};
   };
   auto job = std::make_shared<Job>();
   const int64_t slots = helpers + 1;
   auto drain = [job, nparts, slots](F* w) {
     const int64_t slot = job->slot.fetch_add(1);
     if (slot >= slots) return;
+    bool worked = false;
     for (int64_t p = job->next.fetch_add(1); p < nparts; p = job->next.fetch_add(1)) {
+      if (!worked) job->workers.fetch_add(1, std::memory_order_relaxed);
+      worked = true;
       (*w)(p, slot);
       job->done.fetch_add(1, std::memory_order_release);
     }
@@ -194,10 +209,15 @@ void run_parts(ffi::ThreadPool& pool, int64_t nparts, int64_t helpers, F& work) 
       std::this_thread::yield();
     }
   }
+  g_last_workers.store(job->workers.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
-int64_t helpers_for(ffi::ThreadPool& pool, int64_t nparts) {
-  return std::max<int64_t>(0, std::min<int64_t>(pool.num_threads(), nparts - 1));
+// the helper threads of a call: up to `threads` - 1 (the calling thread is one), or every thread of XLA's
+// pool for threads = 0. The parts do not depend on it: they follow the pool's size, so the merged result
+// is the same whichever threads run them
+int64_t helpers_for(ffi::ThreadPool& pool, int64_t nparts, int32_t threads) {
+  const int64_t most = threads > 0 ? int64_t(threads) - 1 : int64_t(pool.num_threads());
+  return std::max<int64_t>(0, std::min<int64_t>(most, nparts - 1));
 }
 
 // ------------------------------------------------------------------ decoding and layout
@@ -266,7 +286,8 @@ ffi::Error ReduceFwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> q, ffi::
                          ffi::Buffer<ffi::F32, 0> alpha, ffi::ResultBuffer<ffi::F32, 1> m_out,
                          ffi::ResultBuffer<ffi::F32, 2> num_out, ffi::ResultBuffer<ffi::F32, 1> den_out,
                          ffi::ResultBuffer<ffi::F32, 1> kept_out, int32_t form, int32_t exponential,
-                         int32_t normalised, std::string_view isa_name) {
+                         int32_t normalised, std::string_view isa_name,
+                         int32_t threads) {
   Decoded a;
   if (ffi::Error e = decode(q, k, v, w, c, size, alpha, form, exponential, normalised, isa_name, a); e.failure())
     return e;
@@ -277,7 +298,8 @@ ffi::Error ReduceFwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> q, ffi::
   const bool stabilised = a.kern.exponential && a.kern.normalised;
 
   const Parts parts = split(a.size, pool.num_threads());
-  const int64_t helpers = helpers_for(pool, parts.n);
+  const int64_t helpers = helpers_for(pool, parts.n, threads);
+  count_call(a.isa);
   const int64_t acc_floats = 2 * up16(G * W) + up16(G * dout * W);
   const int64_t scratch_floats = up16(a.isa->scratch_floats(din, dout, G));
   const int64_t total = up16(G * din * W) + up16(G * W) + parts.n * acc_floats + (helpers + 1) * scratch_floats;
@@ -335,7 +357,8 @@ ffi::Error ReduceBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> q, ffi::
                          ffi::Buffer<ffi::F32, 1> kept, ffi::ResultBuffer<ffi::F32, 2> qbar_out,
                          ffi::ResultBuffer<ffi::F32, 0> ssum_out, ffi::ResultBuffer<ffi::F32, 1> kbar_out,
                          ffi::ResultBuffer<ffi::F32, 1> vbar_out, ffi::ResultBuffer<ffi::F32, 1> wbar_out,
-                         int32_t form, int32_t exponential, int32_t normalised, std::string_view isa_name) {
+                         int32_t form, int32_t exponential, int32_t normalised, std::string_view isa_name,
+                         int32_t threads) {
   Decoded a;
   if (ffi::Error e = decode(q, k, v, w, c, size, alpha, form, exponential, normalised, isa_name, a); e.failure())
     return e;
@@ -351,7 +374,8 @@ ffi::Error ReduceBwdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 2> q, ffi::
   if (wbar_out->dimensions()[0] != (has_wbar ? N : 0)) return invalid("w gradient must be (N,) or none");
 
   const Parts parts = split(a.size, pool.num_threads());
-  const int64_t helpers = helpers_for(pool, parts.n);
+  const int64_t helpers = helpers_for(pool, parts.n, threads);
+  count_call(a.isa);
   const int64_t dinp = up16(din), doutp = up16(dout);   // rows padded to a multiple of every vector width
   const int64_t acc_floats = up16(G * din * W) + up16(G * W) + 16;
   const int64_t scratch_floats = up16(a.isa->scratch_floats(din, dout, G));
@@ -438,14 +462,15 @@ auto bind_rows() {
       .Arg<F32Scalar>();      // alpha
 }
 
-// the kernel of the table and the instruction set
+// the kernel of the table, the instruction set and the most threads a call uses (0: XLA's pool)
 template <class B>
 auto bind_kernel(B binding) {
   return std::move(binding)
       .template Attr<int32_t>("form")
       .template Attr<int32_t>("exponential")
       .template Attr<int32_t>("normalised")
-      .template Attr<std::string_view>("isa");
+      .template Attr<std::string_view>("isa")
+      .template Attr<int32_t>("threads");
 }
 
 }  // namespace
@@ -506,9 +531,26 @@ PyObject* isas(PyObject*, PyObject*) {
   return t;
 }
 
+PyObject* stats(PyObject*, PyObject*) {
+  const std::vector<const growmem::Isa*> usable = growmem::usable_isas();
+  PyObject* calls = PyDict_New();
+  if (calls == nullptr) return nullptr;
+  for (size_t i = 0; i < usable.size() && i < 3; ++i) {
+    PyObject* n = PyLong_FromLongLong(growmem::g_calls[i].load());
+    if (n == nullptr || PyDict_SetItemString(calls, usable[i]->name, n) != 0) {
+      Py_XDECREF(n);
+      Py_DECREF(calls);
+      return nullptr;
+    }
+    Py_DECREF(n);
+  }
+  return Py_BuildValue("{sNsL}", "calls", calls, "last_workers", static_cast<long long>(growmem::g_last_workers.load()));
+}
+
 PyMethodDef methods[] = {
     {"targets", targets, METH_NOARGS, "{name: PyCapsule} of the XLA FFI handlers (register for platform 'cpu')."},
     {"isas", isas, METH_NOARGS, "((name, lanes), ...): the instruction sets this build has and this CPU runs, best first."},
+    {"stats", stats, METH_NOARGS, "{'calls': {isa: passes run}, 'last_workers': threads that took a part in the last pass}."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", "growmem's fused CPU retrieval kernel (XLA FFI targets).",

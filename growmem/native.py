@@ -18,6 +18,9 @@ Which path runs:
 * ``GROWMEM_KERNELS=xla`` takes the XLA path everywhere.
 * ``GROWMEM_NATIVE_ISA=avx512|avx2|generic`` narrows the instruction set (default: the widest this
   CPU runs; :func:`isas` lists them).
+* ``GROWMEM_NATIVE_THREADS=N`` runs a pass on at most ``N`` threads (the calling one included; default
+  0: every thread of XLA's intra-op pool). The parts follow the pool's size, not ``N``: the result is
+  bitwise the same for every ``N``. :func:`stats` says which instruction set ran and on how many threads.
 
 A missing or unloadable build falls back to the XLA path with one warning, never an error. The
 choice is made when a function is traced: after changing the variables, ``jax.clear_caches()``.
@@ -116,9 +119,30 @@ def isa_for(q, k, v, w=None, coeff=None) -> Optional[str]:
     return want or usable[0]
 
 
+def threads() -> int:
+    """``GROWMEM_NATIVE_THREADS``: the most threads a pass uses (0: XLA's pool)."""
+    text = os.environ.get("GROWMEM_NATIVE_THREADS", "").strip() or "0"
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"GROWMEM_NATIVE_THREADS={text!r}: give a whole number of threads >= 1 (or 0, or leave it "
+                         f"unset, for every thread of XLA's pool)")
+    return n
+
+
+def stats() -> dict:
+    """What the native kernel ran in this process: ``{"calls": {isa: passes}, "last_workers": threads that
+    took part in the last pass}`` (empty calls without a build)."""
+    if _native is None:
+        return {"calls": {}, "last_workers": 0}
+    return _native.stats()
+
+
 def _attrs(kern, isa: str) -> dict:
     return dict(form=np.int32(FORMS[kern.form]), exponential=np.int32(kern.exponential),
-                normalised=np.int32(kern.normalised), isa=isa)
+                normalised=np.int32(kern.normalised), isa=isa, threads=np.int32(threads()))
 
 
 def _row_args(kern, q, k, v, w, c, size, alpha):

@@ -48,7 +48,13 @@ def isa(request, monkeypatch):
     if request.param not in native.isas():
         pytest.skip(f"this CPU does not run {request.param} (usable: {native.isas()})")
     _use(monkeypatch, "native", request.param)
+    before = native.stats()["calls"]
     yield request.param
+    after = native.stats()["calls"]
+    ran = {name for name in after if after[name] > before.get(name, 0)}
+    # the instruction set asked for is the one that ran (a test of a path that never reaches the kernel
+    # uses no isa fixture)
+    assert ran == {request.param}, f"asked for {request.param}, the kernel ran {sorted(ran) or 'nothing'}"
     jax.clear_caches()
 
 
@@ -213,14 +219,32 @@ def test_partials_merge_across_calls_as_the_xla_partials(isa, monkeypatch):
     close(got.den, want.den, 1e-5)
 
 
-def test_results_do_not_depend_on_the_threads(isa):
+def test_results_do_not_depend_on_the_threads(isa, monkeypatch):
+    """The same pass on one thread and on every thread of XLA's pool: bitwise the same, the pass split into
+    the same parts whichever threads take them (``stats()["last_workers"]`` says how many did)."""
     q, k, v, w, c = rows(7, 16, 6 * PART, 33, 9)
-    f = jax.jit(jax.value_and_grad(lambda q: jnp.sum(retrieve("weighted_softmax", q, k, v, w, c) ** 2)))
-    first = f(q)
-    for _ in range(5):
-        again = f(q)
-        for a, b_ in zip(first, again):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b_))
+
+    def run(threads):
+        monkeypatch.setenv("GROWMEM_NATIVE_THREADS", str(threads))
+        jax.clear_caches()          # the thread cap is an attribute of the traced call
+        f = jax.jit(jax.value_and_grad(lambda q: jnp.sum(retrieve("weighted_softmax", q, k, v, w, c) ** 2)))
+        outs, workers = [], set()
+        for _ in range(20):
+            outs.append([np.asarray(a) for a in jax.block_until_ready(f(q))])
+            workers.add(native.stats()["last_workers"])
+        return outs, workers
+
+    one, w1 = run(1)
+    assert w1 == {1}
+    pool, wn = run(0)
+    if os.cpu_count() > 1:
+        assert max(wn) >= 2, f"every pass ran on one thread ({wn}): the comparison would not test the threads"
+    for got in one[1:] + pool:
+        for a, b_ in zip(one[0], got):
+            np.testing.assert_array_equal(a, b_)
+    monkeypatch.setenv("GROWMEM_NATIVE_THREADS", "two")
+    with pytest.raises(ValueError, match="GROWMEM_NATIVE_THREADS='two'"):
+        native.threads()
 
 
 def test_vmap_over_calls_equals_each_call(isa):
