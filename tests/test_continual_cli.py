@@ -129,6 +129,19 @@ def test_benchmark_merge_adds_runs_and_keeps_the_others(tmp_path):
     assert len(doc2["invocations"]) == 4 and "--combine" in doc2["invocations"][-1]["command"]
 
 
+def _scipy_verdict(a, b):
+    """The paired two-sided t-test at 95 % by scipy: better / worse / tie (equal values: a tie)."""
+    from scipy import stats
+
+    d = np.asarray(a, float) - np.asarray(b, float)
+    if not d.any():
+        return "tie"
+    if d.std() == 0:                          # no spread: the means tell them apart
+        return "better" if d.mean() > 0 else "worse"
+    p = stats.ttest_rel(a, b).pvalue
+    return "tie" if p >= 0.05 else "better" if d.mean() > 0 else "worse"
+
+
 def test_ablation_smoke_compares_each_variant_with_the_full_recipe_and_merges_reruns(tmp_path):
     abl = _bench_module("continual_ablation")
     common = ["--preset", "smoke", "--out", str(tmp_path), "--no-progress", "--tuned", str(tmp_path / "none.json")]
@@ -137,9 +150,15 @@ def test_ablation_smoke_compares_each_variant_with_the_full_recipe_and_merges_re
     assert list(s["split_mnist"]) == [v for v, _, _ in abl.SPLIT[:2]]
     assert list(s["drifting_teacher"]) == [v for v, _, _ in abl.DRIFT[:2]]
     second = s["split_mnist"][abl.SPLIT[1][0]]
-    assert second["accuracy_vs_full"] in ("better", "worse", "tie") and second["seeds"] == [1, 2]
-    assert second["overrides"] == abl.SPLIT[1][2]
-    assert s["drifting_teacher"][abl.DRIFT[1][0]]["acc_current_vs_full"] in ("better", "worse", "tie")
+    assert second["seeds"] == [1, 2] and second["overrides"] == abl.SPLIT[1][2]
+    # each verdict is the paired t-test's at 95 % on the per-seed values, recomputed here with scipy
+    for part, table, key, field in (("split_mnist", abl.SPLIT, "acc_mean_over_experiences", "accuracy"),
+                                    ("drifting_teacher", abl.DRIFT, "acc_current_mean", "acc_current")):
+        full, variant = table[0][0], table[1][0]
+        per = {v: [r["summary"][key] for r in sorted(doc["runs"], key=lambda r: r["seed"])
+                   if r["part"] == part and r["variant"] == v] for v in (variant, full)}
+        assert len(per[variant]) == len(per[full]) == 2
+        assert s[part][variant][f"{field}_vs_full"] == _scipy_verdict(per[variant], per[full]), (part, per)
     assert (tmp_path / "continual_ablation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # one variant rerun and merged: its runs are replaced, the others kept, the summary covers all of them
     doc2 = abl.main(common + ["--parts", "split_mnist", "--variants", abl.SPLIT[1][0], "--merge"])

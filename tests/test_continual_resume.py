@@ -56,12 +56,13 @@ def test_resume_after_sigkill_mid_stream_gives_the_uninterrupted_results(tmp_pat
     assert len(a[0]["accuracy_matrix"]) == 3
 
 
-def test_resume_refuses_a_different_configuration_and_a_fresh_run_refuses_a_used_directory(tmp_path):
+def test_resume_refuses_a_different_configuration_and_a_fresh_run_refuses_a_used_directory(tmp_path, monkeypatch):
+    from growmem.continual import runner
     from growmem.continual.runner import run_continual
 
     kw = dict(stream_options=dict(n_experiences=1, train_limit=32, test_limit=16), seeds=[0], progress=False,
               verbose=False, checkpoint_dir=tmp_path / "c")
-    run_continual("drifting_teacher", methods=["naive"], **kw)
+    first = run_continual("drifting_teacher", methods=["naive"], **kw)
     try:
         run_continual("drifting_teacher", methods=["naive"], **kw)
     except ValueError as e:
@@ -74,9 +75,16 @@ def test_resume_refuses_a_different_configuration_and_a_fresh_run_refuses_a_used
         assert "methods" in str(e) and "replay_1000" in str(e)
     else:
         raise AssertionError("resuming with other methods was not refused")
-    # the same configuration resumes: the finished run is read back, not redone
+    # the same configuration resumes: the finished run is read back, not redone (training it would raise)
+    def no_training(*a, **k):
+        raise AssertionError("a finished run was trained again on resume")
+
+    monkeypatch.setattr(runner, "_run_baseline", no_training)
+    monkeypatch.setattr(runner, "_run_learner", no_training)
     doc = run_continual("drifting_teacher", methods=["naive"], resume=True, **kw)
     assert doc["runs"][0]["method"] == "naive" and len(doc["runs"][0]["accuracy_matrix"]) == 1
+    for key in ("accuracy_matrix", "bytes", "summary"):
+        assert doc["runs"][0][key] == first["runs"][0][key], key
 
 
 class _Stop(Exception):
