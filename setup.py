@@ -6,6 +6,10 @@ The build needs only a C++17 compiler (gcc >= 9, clang >= 10): each instruction 
 compiled for that set by a ``#pragma GCC target`` in their own file (``csrc/isa_*.cc``) and chosen
 at run time from what the CPU has, so one build runs on any x86-64 (AVX-512, AVX2 + FMA, or the
 portable bodies) and elsewhere (the portable bodies).
+
+The extension is optional: where it cannot be built (no C++ compiler on PATH, say) the install
+still succeeds, without it, and growmem runs on the pure-JAX path of growmem.kernels (saying so once,
+at the first retrieval: growmem.native).
 """
 import jax.ffi
 from setuptools import Extension, setup
@@ -21,4 +25,5 @@ setup(ext_modules=[Extension(
     extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden", "-Wall", "-Wno-psabi",
                         "-isystem", jax.ffi.include_dir()],
     language="c++",
+    optional=True,
 )])

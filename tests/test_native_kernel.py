@@ -343,3 +343,37 @@ def test_size_zero_gives_the_empty_partial_and_zero_gradients(isa):
     assert float(val) == 0.0
     for a in g:
         np.testing.assert_array_equal(np.asarray(a), 0.0)
+
+
+def test_the_package_runs_without_the_native_build(tmp_path):
+    """An install where the extension could not be built (setup.py marks it optional: no compiler on PATH)
+    has no ``growmem._native``: the package imports, says once that it takes the XLA path, and a training
+    step gives what the XLA path gives."""
+    import subprocess
+    import sys
+
+    script = r'''
+import sys, warnings
+sys.modules["growmem._native"] = None          # as if it was never built: importing it raises ImportError
+import numpy as np, jax, jax.numpy as jnp
+from growmem import kernels, native
+assert native._native is None and not native.available() and native.isas() == ()
+r = np.random.default_rng(0)
+q, k, v = (jnp.asarray(r.normal(size=s), jnp.float32) for s in ((4, 6), (50, 6), (50, 3)))
+w = jnp.ones(50, jnp.float32)
+kern = kernels.get("weighted_softmax")
+f = lambda q: jnp.sum(kernels.retrieve(kern, q, k, v, w, temperature=1.0) ** 2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    a = jax.grad(f)(q)
+    b = jax.grad(lambda q: f(q) * 1.0)(q)
+said = [str(c.message) for c in caught if "native CPU kernel is not available" in str(c.message)]
+assert len(said) == 1, said
+import os
+os.environ["GROWMEM_KERNELS"] = "xla"
+jax.clear_caches()
+np.testing.assert_allclose(np.asarray(a), np.asarray(jax.grad(f)(q)), rtol=1e-6)
+print("ok")
+'''
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
