@@ -24,12 +24,18 @@ from typing import List, Optional
 
 
 from .errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
-from .options import _finite, _int, _Parser, check_folders, claim_folders  # noqa: F401  (shared with the commands)
+from .options import SEED_MAX, _finite, _int, _Parser, _size, check_folders, claim_folders  # noqa: F401  (shared with the commands)
 
 
 # ------------------------------------------------------------------------------------- sizes
 
 from .units import parse_size  # noqa: E402
+
+
+def _size_text(text):
+    """A positive size, kept as written (the run's configuration records it so)."""
+    _size(text)
+    return str(text)
 
 
 # ------------------------------------------------------------------------------------- train
@@ -64,7 +70,8 @@ def _add_train(sub):
                    help="μ of the timestamp momentum (0 = off)")
     p.add_argument("--blocks", type=_int(0, "an integer >= 0"), default=0,
                    help="residual growing blocks L before the readout")
-    p.add_argument("--seed", type=_int(0, "an integer >= 0"), default=0, help="teacher / data seed")
+    p.add_argument("--seed", type=_int(0, f"an integer in [0, {SEED_MAX}]", SEED_MAX), default=0,
+                   help="teacher / data seed")
     p.add_argument("--on-nonfinite", choices=["stop", "skip"], default="stop",
                    help="a step whose loss is NaN/inf: stop with an error before any checkpoint (default), or skip "
                         "on (its non-finite rows are dropped either way)")
@@ -89,7 +96,7 @@ def _add_train(sub):
                    help="with --resume: continue from step N instead of the latest (e.g. when the latest is "
                         "damaged); the checkpoints after N are removed")
     g = p.add_argument_group("memory larger than RAM")
-    g.add_argument("--ram-budget", default=None, metavar="SIZE",
+    g.add_argument("--ram-budget", type=_size_text, default=None, metavar="SIZE",
                    help="keep at most SIZE (e.g. 512MB, 2GB) of rows in RAM; older rows spill to TensorStore tiers "
                         "on disk and training still reads them")
     g.add_argument("--spill-dir", type=Path, default=None,
@@ -188,10 +195,7 @@ def _tier(args):
         return None
     from .backends.tiered import Tiered
 
-    try:
-        budget = parse_size(args.ram_budget)
-    except ValueError as e:
-        raise UsageError(f"--ram-budget: {e}")
+    budget = parse_size(args.ram_budget)
     where = args.spill_dir or (Path(args.checkpoint_dir) / "cold" if args.checkpoint_dir is not None
                                else Path(args.out) / "cold")
     resuming = bool(args.resume and args.checkpoint_dir is not None and _has_checkpoint(args.checkpoint_dir))
@@ -548,6 +552,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     who = f"growmem {args.command}"
     try:
+        from .options import check_environment
+        check_environment()
         if getattr(args, "check", None) is not None:
             args.check(args)        # what the command can refuse before it imports or loads anything
         if argv is None and args.command in ("train", "repro"):
@@ -558,12 +564,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UsageError as e:
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 2
-    except (GrowmemError, ValueError) as e:
-        # RunError, CheckpointError, TierError, LockedError, DatasetError, ... and a preset's ConfigError (looked
-        # up, not imported: growmem.config loads JAX, and a ConfigError means it is loaded)
-        config = sys.modules.get(f"{__package__}.config")
-        if not isinstance(e, GrowmemError) and not (config is not None and isinstance(e, config.ConfigError)):
-            raise
+    except GrowmemError as e:
+        # RunError, CheckpointError, TierError, LockedError, DatasetError, ConfigError, ...
         print(f"{who}: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

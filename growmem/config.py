@@ -54,10 +54,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 import optax
 
 from . import keyspaces, kernels, layers, memory, nadaraya, policies, rules, train, units
-
-
-class ConfigError(ValueError):
-    """A preset file is invalid; the message names the file, the key and what is allowed."""
+from .errors import ConfigError
 
 
 class UnknownPresetError(ConfigError):

@@ -14,6 +14,11 @@ class RunError(GrowmemError):
     """A run that failed on its way (disk full, a diverged loss): one line, exit code 1."""
 
 
+class ConfigError(GrowmemError, ValueError):
+    """A configuration that cannot work: an invalid preset file (the message names the file, the key and
+    what is allowed), a budget too small for what it must hold."""
+
+
 class CheckpointError(GrowmemError, RuntimeError):
     """A checkpoint cannot be written or read."""
 

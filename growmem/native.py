@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .options import KERNEL_MODES, kernel_mode, native_threads
+
 try:
     from growmem import _native
     _IMPORT_ERROR: Optional[BaseException] = None
@@ -43,7 +45,7 @@ except ImportError as exc:   # not built (a source checkout without `pip install
     _IMPORT_ERROR = exc
 
 #: the values of ``GROWMEM_KERNELS``; the first is the default
-MODES = ("native", "xla")
+MODES = KERNEL_MODES
 FWD_TARGET = "growmem_reduce_fwd"
 BWD_TARGET = "growmem_reduce_bwd"
 #: score forms of growmem.kernels.Kernel.form, as the native kernel numbers them
@@ -61,12 +63,8 @@ def _warn_once(key: str, msg: str):
 
 
 def mode() -> str:
-    """``GROWMEM_KERNELS``: ``native`` (default) or ``xla``."""
-    value = os.environ.get("GROWMEM_KERNELS", MODES[0]).strip().lower() or MODES[0]
-    if value not in MODES:
-        raise ValueError(f"GROWMEM_KERNELS={value!r}: choose one of {MODES} (or leave it unset for "
-                         f"{MODES[0]!r})")
-    return value
+    """``GROWMEM_KERNELS``: ``native`` (default) or ``xla`` (:func:`growmem.options.kernel_mode`)."""
+    return kernel_mode()
 
 
 def isas() -> Tuple[str, ...]:
@@ -121,15 +119,7 @@ def isa_for(q, k, v, w=None, coeff=None) -> Optional[str]:
 
 def threads() -> int:
     """``GROWMEM_NATIVE_THREADS``: the most threads a pass uses (0: XLA's pool)."""
-    text = os.environ.get("GROWMEM_NATIVE_THREADS", "").strip() or "0"
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"GROWMEM_NATIVE_THREADS={text!r}: give a whole number of threads >= 1 (or 0, or leave it "
-                         f"unset, for every thread of XLA's pool)")
-    return n
+    return native_threads()
 
 
 def stats() -> dict:

@@ -7,15 +7,35 @@ from __future__ import annotations
 import argparse
 import math
 
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError, ConfigError, UsageError
 from .locks import LockedError, RunFolders, check_run_folder
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with a bad option as one line (no usage dump): ``growmem CMD: message``."""
+    """argparse, with a bad option as one line (no usage dump): ``growmem CMD: message``; an option's value
+    that starts like a negative number (``--ram-budget -1MB``) is read as its value, to be refused by its
+    type, not as an unknown option."""
 
     def error(self, message):
         raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args=None, namespace=None):
+        import re
+        import sys
+
+        args = list(sys.argv[1:] if args is None else args)
+        out, i = [], 0
+        while i < len(args):
+            a = args[i]
+            action = self._option_string_actions.get(a)
+            if action is not None and action.nargs is None and i + 1 < len(args) and \
+                    re.match(r"^-[0-9.]", args[i + 1]):
+                out.append(f"{a}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(a)
+            i += 1
+        return super().parse_known_args(out, namespace)
 
 
 def _finite(lo=None, lo_open=False, hi=None, hi_open=False, what="a number"):
@@ -33,16 +53,69 @@ def _finite(lo=None, lo_open=False, hi=None, hi_open=False, what="a number"):
     return parse
 
 
-def _int(lo, what):
+def _int(lo, what, hi=None):
     def parse(text):
         try:
             v = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < lo:
+        if v < lo or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
         return v
     return parse
+
+
+#: the values of ``GROWMEM_KERNELS`` (growmem.native); the first is the default
+KERNEL_MODES = ("native", "xla")
+
+
+def kernel_mode() -> str:
+    """``GROWMEM_KERNELS``: ``native`` (default) or ``xla``; another value is a :class:`ConfigError`."""
+    import os
+
+    value = os.environ.get("GROWMEM_KERNELS", KERNEL_MODES[0]).strip().lower() or KERNEL_MODES[0]
+    if value not in KERNEL_MODES:
+        raise ConfigError(f"GROWMEM_KERNELS={value!r}: choose one of {KERNEL_MODES} (or leave it unset for "
+                          f"{KERNEL_MODES[0]!r})")
+    return value
+
+
+def native_threads() -> int:
+    """``GROWMEM_NATIVE_THREADS``: the most threads a native pass uses (0: XLA's pool)."""
+    import os
+
+    text = os.environ.get("GROWMEM_NATIVE_THREADS", "").strip() or "0"
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"GROWMEM_NATIVE_THREADS={text!r}: give a whole number of threads >= 1 (or 0, or leave it "
+                          f"unset, for every thread of XLA's pool)")
+    return n
+
+
+def check_environment():
+    """The ``GROWMEM_*`` variables read deep inside a run, checked before any work (one line, at once)."""
+    kernel_mode()
+    native_threads()
+
+
+#: the largest seed every consumer takes (NumPy, JAX without x64, torch): a signed 32-bit integer
+SEED_MAX = 2 ** 31 - 1
+
+
+def _size(text):
+    """An argparse type: a positive size (``512MB``, ``1.5GB``, ``4096``) in bytes."""
+    from .units import parse_size
+
+    try:
+        n = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text}")
+    return n
 
 
 def check_folders(kind: str, checkpoint_dir, resume: bool, out):

@@ -249,7 +249,10 @@ def _cases(tmp_path):
               (["--beta", "inf"], "--beta"), (["--policy", only], "needs the hyperparameters"),
               (["--policy", binary], "not valid TOML"), (["--policy", "/no/such/dir/capped.toml"], "no such preset file"),
               (["--task", "mnist", "--data-dir", tmp_path / "nowhere"], "does not exist"),
-              (["--policy", "target_dct"], "growmem continual --policy target_dct")]
+              (["--policy", "target_dct"], "growmem continual --policy target_dct"),
+              (["--ram-budget", "0"], "must be a positive size"), (["--ram-budget", "-1MB"], "cannot read '-1MB'"),
+              (["--ram-budget", "15.7XB"], "cannot read"), (["--seed", str(2 ** 64)], "--seed"),
+              (["--seed", str(2 ** 63 - 1)], "--seed"), (["--seed", "-1"], "--seed")]
     cases = [(c + out, m) for c, m in cases]
     cases += [(["--task", "mnist", "--data-dir", _mnist_dir(tmp_path, d)] + out, None)
               for d in ("truncated", "random", "not_gzip", "labels_length", "label_200")]
@@ -268,6 +271,21 @@ def test_bad_command_lines_and_inputs_are_one_line_errors_that_leave_nothing_beh
         one_line_failure(r, match, code=2)
         assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir()), args
         assert not (tmp_path / "out").exists(), args           # not even an empty --out folder
+
+
+def test_a_ram_budget_too_small_and_a_bad_kernel_variable_are_one_line_and_touch_nothing(tmp_path):
+    """Refusals that need the model (the rows a budget holds) or the environment, not the parser: one line,
+    exit 1, no --out, checkpoint or spill folder left behind."""
+    for env, args, match in (({}, ["--ram-budget", "1B"], "RAM budget 1 B is too small"),
+                             ({}, ["--ram-budget", "100KB"], "is too small"),
+                             ({"GROWMEM_KERNELS": "bogus"}, [], "GROWMEM_KERNELS='bogus'"),
+                             ({"GROWMEM_NATIVE_THREADS": "-2"}, [], "GROWMEM_NATIVE_THREADS='-2'")):
+        r = subprocess.run([*GROWMEM, "train", *SMALL, *args, "--spill-dir", str(tmp_path / "sp"), "--out",
+                            str(tmp_path / "out"), "--checkpoint-dir", str(tmp_path / "ck")],
+                           env={**ENV, **env}, capture_output=True, text=True, timeout=300)
+        one_line_failure(r, match, code=1)
+        for folder in ("sp", "out", "ck"):
+            assert not (tmp_path / folder).exists() or not any((tmp_path / folder).iterdir()), (args, env, folder)
 
 
 def test_resume_past_the_end_and_a_damaged_latest_checkpoint(tmp_path):

@@ -60,7 +60,7 @@ from flax import struct
 
 from .. import kernels, locks
 from .. import memory as memlib
-from ..errors import CheckpointError, CorruptCheckpointError, GrowmemError
+from ..errors import CheckpointError, ConfigError, CorruptCheckpointError, GrowmemError
 from . import RAM, _temperature
 
 FIELDS = memlib.FIELDS
@@ -857,7 +857,7 @@ class Tiered(RAM):
             raise ValueError("Tiered needs a directory (a folder or a TensorStore kvstore URL)")
         object.__setattr__(self, "directory", os.fspath(self.directory))
         if not isinstance(self.ram_budget_bytes, int) or self.ram_budget_bytes <= 0:
-            raise ValueError(f"ram_budget_bytes must be a positive integer, got {self.ram_budget_bytes!r}")
+            raise ConfigError(f"ram_budget_bytes must be a positive integer, got {self.ram_budget_bytes!r}")
         object.__setattr__(self, "_layers", {})    # name -> (row bytes, store or {shard: store})
         object.__setattr__(self, "_key", f"tier-{uuid.uuid4().hex[:12]}")
         object.__setattr__(self, "_spills", [0, 0])   # spills, spills at the last compaction
@@ -945,7 +945,7 @@ class Tiered(RAM):
         chunk = self._chunk_rows(mem)
         hot = self.hot_rows_per_layer
         if hot < 2 * chunk:
-            raise ValueError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per layer "
+            raise ConfigError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per layer "
                              f"({mem.row_bytes} B per row for {name}); spilling needs at least 2 chunks of {chunk} "
                              f"rows: raise ram_budget_bytes or lower chunk_rows")
         store = self._open_store(join_url(self.directory, _safe(name)), mem, name, chunk)
@@ -980,7 +980,7 @@ class Tiered(RAM):
         # the caller's limit is not used: a tiered memory refuses capacity policies
         hot = self.hot_rows_per_layer
         if extra > hot // 2:
-            raise ValueError(f"a batch of {extra} rows is more than half the {hot} hot rows the RAM budget allows "
+            raise ConfigError(f"a batch of {extra} rows is more than half the {hot} hot rows the RAM budget allows "
                              f"per layer: raise ram_budget_bytes")
         if bound + extra > hot:
             exact = int(mem.size)
@@ -1084,7 +1084,7 @@ class Tiered(RAM):
         chunk = self._chunk_rows(mem)
         hot = self.hot_rows_per_layer
         if hot < 2 * chunk:
-            raise ValueError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per shard and "
+            raise ConfigError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per shard and "
                              f"layer; spilling needs at least 2 chunks of {chunk} rows: raise ram_budget_bytes")
         key = f"{self._key}/{name}"
         stores = {}

@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from growmem.options import SEED_MAX, _size
+
 
 def _csv(text: str) -> List[str]:
     return [t.strip() for t in str(text).split(",") if t.strip()]
@@ -80,14 +82,7 @@ def baselines(text: str) -> List[str]:
     return names
 
 
-@_checked
-def size(text: str) -> int:
-    from growmem.units import parse_size
-
-    n = parse_size(text)
-    if n <= 0:
-        raise ValueError(f"must be a positive size, got {text}")
-    return n
+size = _size
 
 
 @_checked
@@ -98,6 +93,9 @@ def seeds(text: str) -> List[int]:
         raise ValueError(f"must be comma-separated integers, got {text!r}") from None
     if not out:
         raise ValueError("name at least one seed")
+    bad = [v for v in out if not 0 <= v <= SEED_MAX]
+    if bad:
+        raise ValueError(f"seeds must be integers in [0, {SEED_MAX}], got {bad[0]}")
     _distinct([str(s) for s in out], "seed")
     return out
 
