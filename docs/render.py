@@ -243,8 +243,8 @@ def render_continual_frontier(doc) -> str:
         for b, rows in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
             out += f"\n**Ablation of `{doc['config']['ablated']}`**, {st} at {mb(int(b))} MB (paired by seed)\n\n"
             out += table(["variant", "final accuracy", "vs full", "difference", "peak MB"],
-                         [[v, _mean_sd(r), r["vs_full"] if "vs_full" in r else "–",
-                           "–" if "difference_vs_full" not in r else f"{r['difference_vs_full']:+.4f}",
+                         [[v, _mean_sd(r), "–" if v == "full" else r["vs_full"],
+                           "–" if v == "full" else f"{r['difference_vs_full']:+.4f}",
                            mb(r["bytes_peak"])] for v, r in rows.items()])
     out += "\nPublished anchors, not rerun (their models and memory counted differently):\n\n" + table(
         ["method", "stream", "protocol", "samples stored", "accuracy", "source"],
