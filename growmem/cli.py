@@ -552,8 +552,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     who = f"growmem {args.command}"
     try:
-        from .options import check_environment
-        check_environment()
+        from . import environment
+        environment.check()
         if getattr(args, "check", None) is not None:
             args.check(args)        # what the command can refuse before it imports or loads anything
         if argv is None and args.command in ("train", "repro"):

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .options import KERNEL_MODES, kernel_mode, native_threads
+from .environment import KERNEL_MODES, kernel_mode, native_threads
 
 try:
     from growmem import _native
@@ -63,7 +63,7 @@ def _warn_once(key: str, msg: str):
 
 
 def mode() -> str:
-    """``GROWMEM_KERNELS``: ``native`` (default) or ``xla`` (:func:`growmem.options.kernel_mode`)."""
+    """``GROWMEM_KERNELS``: ``native`` (default) or ``xla`` (:func:`growmem.environment.kernel_mode`)."""
     return kernel_mode()
 
 

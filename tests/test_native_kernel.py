@@ -229,9 +229,11 @@ def test_results_do_not_depend_on_the_threads(isa, monkeypatch):
         jax.clear_caches()          # the thread cap is an attribute of the traced call
         f = jax.jit(jax.value_and_grad(lambda q: jnp.sum(retrieve("weighted_softmax", q, k, v, w, c) ** 2)))
         outs, workers = [], set()
-        for _ in range(20):
+        for i in range(200):        # on a loaded machine a helper thread may start after every part is taken
             outs.append([np.asarray(a) for a in jax.block_until_ready(f(q))])
             workers.add(native.stats()["last_workers"])
+            if i >= 19 and (threads == 1 or max(workers) >= 2):
+                break
         return outs, workers
 
     one, w1 = run(1)
