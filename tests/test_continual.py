@@ -393,3 +393,24 @@ def test_a_failing_call_leaves_its_folders_free_for_the_next_one_at_once(tmp_pat
     doc = run_continual(bm, methods=["growmem"], seeds=[0], out=tmp_path / "out2", checkpoint_dir=ck, resume=True,
                         progress=False, verbose=False)
     assert len(doc["runs"]) == 1
+
+
+def test_rotated_experiences_hold_each_image_rotated_as_the_per_sample_transform_would():
+    """Rotated-MNIST rotates each experience's images once, as one tensor; every image must equal what
+    torchvision's RandomRotation of that one angle gives it alone (the transform Avalanche's RotatedMNIST
+    freezes into each item), bitwise, at angles that need interpolation and at the edges of the range."""
+    from torchvision.transforms import RandomRotation
+
+    from growmem.continual.streams import ArrayDataset, _rotated
+
+    rs = np.random.RandomState(0)
+    x = (rs.rand(40, 784) * (rs.rand(40, 784) > 0.6)).astype(np.float32)
+    ds = ArrayDataset(x, rs.randint(0, 10, 40), (1, 28, 28), "noise")
+    for a in (-180, -97, 13, 90, 180):
+        t = RandomRotation(degrees=(a, a))
+        out = _rotated(ds, t)
+        alone = torch.stack([t(ds[i][0]) for i in range(len(ds))])
+        assert torch.equal(out.data, alone), a
+        assert torch.equal(out.targets, ds.targets) and len(out) == len(ds)
+        if a not in (-180, 180):
+            assert not torch.equal(out.data, ds.data)  # something did rotate
