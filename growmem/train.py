@@ -518,6 +518,8 @@ class Trainer:
         cross-entropy loss, a batch of another size than its labels."""
         if len(x) != len(y):
             raise ValueError(f"the batch has {len(x)} inputs but {len(y)} targets")
+        if len(x) == 0:
+            raise ValueError("the batch is empty (0 samples): a step needs at least one sample; skip empty batches")
         if self.loss_fn in CLASS_LOSSES and self.d_out is not None:
             labels = np.asarray(y)
             if not np.issubdtype(labels.dtype, np.integer):
@@ -611,6 +613,10 @@ class Batches:
     def __init__(self, x, y, batch_size: int, *, rng=None, shuffle: bool = True, drop_last: bool = True):
         self.x, self.y = x, y
         self.n = len(x)
+        if len(y) != self.n:
+            raise ValueError(f"the dataset has {self.n} inputs but {len(y)} targets")
+        if self.n == 0:
+            raise ValueError("the dataset is empty (0 samples): there is nothing to train on; check the data given")
         if batch_size <= 0 or batch_size > self.n:
             raise ValueError(f"batch_size must be in [1, {self.n}], got {batch_size}")
         self.batch_size = batch_size

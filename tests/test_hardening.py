@@ -171,6 +171,28 @@ def test_a_non_finite_loss_stops_the_loop_before_a_checkpoint_naming_the_step():
         assert np.isfinite(mem.rows()["k"]).all()
 
 
+def test_an_empty_batch_is_refused_before_it_touches_the_memory():
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    tr = gm.Trainer(_net(), sample_input=x)
+    tr.step(x, np.arange(8) % 3)
+    before = {p: m.rows() for p, m in tr.memories().items()}
+    with pytest.raises(ValueError, match="the batch is empty"):
+        tr.step(x[:0], np.zeros(0, np.int64))
+    for p, m in tr.memories().items():
+        assert m.size == before[p]["k"].shape[0] and np.array_equal(m.rows()["k"], before[p]["k"])
+
+
+def test_an_empty_dataset_is_named_as_such_not_as_a_batch_size_range():
+    from growmem.train import Batches
+
+    with pytest.raises(ValueError, match=r"the dataset is empty \(0 samples\)"):
+        Batches(np.zeros((0, 5), np.float32), np.zeros(0, np.int64), 4)
+    with pytest.raises(ValueError, match="5 inputs but 4 targets"):
+        Batches(np.zeros((5, 5), np.float32), np.zeros(4, np.int64), 4)
+    with pytest.raises(ValueError, match=r"batch_size must be in \[1, 5\], got 6"):
+        Batches(np.zeros((5, 5), np.float32), np.zeros(5, np.int64), 6)
+
+
 def test_labels_outside_the_classes_are_refused_at_the_data_boundary():
     x = np.zeros((4, 5), np.float32)
     tr = gm.Trainer(_net(), sample_input=x)
