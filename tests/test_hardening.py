@@ -20,6 +20,7 @@ import pytest
 import growmem as gm
 from growmem import kernels, policies
 from growmem.train import NonFiniteLossError, fit
+from growmem.checkpoint import CheckpointError
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -403,6 +404,33 @@ def test_export_targets_that_cannot_be_written(tmp_path):
     assert r.returncode == 0 and f"wrote {tmp_path / 'noext'} " in r.stdout
     assert (tmp_path / "noext").is_file() and (tmp_path / "noext.json").is_file()
     assert "readout/k" in np.load(tmp_path / "noext").files
+
+
+def test_a_failed_export_leaves_the_files_it_would_replace_as_they_were(tmp_path, monkeypatch):
+    """The disk fills up while the second of the two files is written: the earlier export under the same
+    name (npz and JSON) is still there, byte for byte, and no temporary file is left."""
+    import importlib
+
+    ins = importlib.import_module("growmem.checkpoint.inspect")   # the package's `inspect` is a function
+    assert run("train", *SMALL, "--checkpoint-dir", tmp_path / "ck", "--out", tmp_path / "o").returncode == 0
+    target = tmp_path / "rows.npz"
+    ins.export(tmp_path / "ck", target)
+    before = {p.name: p.read_bytes() for p in (target, Path(f"{target}.json"))}
+    calls = []
+    real = os.fsync
+
+    def full_on_second(fd):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(ins.os, "fsync", full_on_second)
+    with pytest.raises(CheckpointError, match="the disk is full.*nothing was written"):
+        ins.export(tmp_path / "ck", target)
+    assert len(calls) == 2
+    assert {p.name: p.read_bytes() for p in (target, Path(f"{target}.json"))} == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["rows.npz", "rows.npz.json"]
 
 
 def test_bad_samples_marks_a_sample_bad_in_every_layer_when_one_of_its_rows_is_not_finite():

@@ -144,20 +144,29 @@ def saved_rows(entry: dict, arrays: dict) -> Dict[str, np.ndarray]:
     return fields
 
 
-def _atomic_write(path: str, write):
-    """``write(file object)`` into a temporary file beside ``path``, then rename it onto ``path``."""
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".growmem-export-", dir=folder)
+def _write_all(files):
+    """``files``: ``[(path, write), ...]``; each ``write(file object)`` goes into a temporary file beside its
+    path, and only once every one is written are they renamed onto their paths. A failure removes the
+    temporary files and leaves every path as it was (an earlier export under the same name included)."""
+    tmps = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
+        for path, write in files:
+            folder = os.path.dirname(os.path.abspath(path)) or "."
+            fd, tmp = tempfile.mkstemp(prefix=".growmem-export-", dir=folder)
+            tmps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
     except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        for tmp in tmps:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         raise
+    for (path, _), tmp in zip(files, tmps):
+        os.replace(tmp, path)
 
 
 def export(directory, npz_path, step: Optional[int] = None) -> dict:
@@ -167,8 +176,9 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
     Arrays are named ``<layer>/w``, ``<layer>/k``, ``<layer>/v``, ``<layer>/born`` (cold rows
     first, then hot; shard by shard — gathering every shard needs a single process). The npz
     also holds ``__description__`` (kernels, temperatures, rules, shapes, step). Both files are
-    written to a temporary file and renamed: a failure (a full disk, an unwritable folder)
-    leaves no partial file. Returns the description.
+    written to temporary files and renamed once both are complete: a failure (a full disk, an
+    unwritable folder) leaves no partial file and the files it would have replaced as they were.
+    Returns the description.
     """
     npz_path = os.fspath(npz_path)
     folder = os.path.dirname(os.path.abspath(npz_path))
@@ -209,14 +219,10 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
             "born_convention": "creation step of each row; -1 for initial rows",
             "layers": layers, "policy": meta.get("policy")}
     text = json.dumps(desc)
-    try:
-        _atomic_write(npz_path, lambda f: np.savez(f, __description__=np.asarray(text), **out))
-        _atomic_write(npz_path + ".json", lambda f: f.write(json.dumps(desc, indent=2).encode()))
+    try:   # both written before either replaces a file: never one without the other, never an old one lost
+        _write_all([(npz_path, lambda f: np.savez(f, __description__=np.asarray(text), **out)),
+                    (npz_path + ".json", lambda f: f.write(json.dumps(desc, indent=2).encode()))])
     except OSError as e:
-        try:   # never leave one file without the other
-            os.remove(npz_path)
-        except OSError:
-            pass
         reason = "the disk is full" if getattr(e, "errno", None) == 28 else (e.strerror or str(e))
         raise CheckpointError(f"writing {npz_path} failed ({reason}); nothing was written") from None
     return desc
