@@ -599,6 +599,15 @@ def test_data_list_says_where_each_dataset_is_or_would_go(isolated, tmp_path, mo
     assert rows["fashion_mnist"]["found"] is None and rows["fashion_mnist"]["checksums"] == "pinned"
 
 
+def test_data_download_into_a_file_names_the_file_and_touches_nothing(isolated, tmp_path, capsys):
+    (tmp_path / "a_file").write_bytes(b"keep")
+    for d in (tmp_path / "a_file", tmp_path / "a_file" / "sub"):
+        code, out, err = _cli(capsys, "data", "download", "mnist", "--dir", d)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"{tmp_path / 'a_file'} is a file, not a folder" in err and "Traceback" not in err
+    assert (tmp_path / "a_file").read_bytes() == b"keep" and sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_data_download_is_checksummed_and_a_second_call_fetches_nothing(isolated, tmp_path, monkeypatch, server,
                                                                        capsys):
     files, sums, arrays = tiny_idx()

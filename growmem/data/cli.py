@@ -70,6 +70,11 @@ def cmd_list(args) -> int:
 
 def cmd_download(args) -> int:
     if args.dir is not None:
+        from ..errors import UsageError
+        clash = next((p for p in (args.dir, *args.dir.parents) if p.exists() and not p.is_dir()), None)
+        if clash is not None:
+            raise UsageError(f"--dir {args.dir}: {clash} is a file, not a folder; pass a folder (it is made if "
+                             f"missing), e.g. --dir {clash.parent / 'data'}")
         args.dir.mkdir(parents=True, exist_ok=True)
     st = datasets.status(args.name, args.dir)
     if st.found is not None and all(bad is None for _, bad in datasets.verify(args.name, args.dir)):
