@@ -91,6 +91,18 @@ def test_rows_keep_their_order_and_the_tier_reopens(tmp_path):
     assert np.array_equal(cold["k"], rows["k"][: tier.rows_cold])
 
 
+@pytest.mark.parametrize("name", ["x%41y", "a#b", "sp ace?q=1"])
+def test_a_folder_name_that_looks_like_url_syntax_holds_the_rows_itself(tmp_path, name):
+    """``%41`` must not be decoded into ``A`` (another folder), nor ``#`` / ``?`` start a fragment or a query."""
+    tier = _tier(tmp_path / name)
+    mem = _fill(tier, memlib.empty(D, E, spec=_spec()), n_steps=5)
+    assert tier.rows_cold > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert (tmp_path / name / "readout" / "gen-0" / "k" / "zarr.json").is_file()
+    again, cold = _cold(tmp_path / name / "readout")
+    assert again.rows == tier.rows_cold and np.array_equal(cold["k"], np.asarray(mem.k[: tier.rows_cold]))
+
+
 def test_any_tensorstore_kvstore_url_works():
     tier = _tier(f"memory://growmem-{uuid.uuid4().hex}/", hot_rows=140)
     mem = _fill(tier, memlib.empty(D, E, spec=_spec()), n_steps=5)

@@ -49,6 +49,7 @@ import json
 import os
 import sys
 import threading
+import urllib.parse
 import uuid
 import zlib
 from typing import Any, Callable, Dict, List, Optional
@@ -200,15 +201,17 @@ def _context():
 
 
 def url_of(location) -> str:
-    """A TensorStore kvstore URL (with a trailing ``/``) for a folder or URL."""
+    """A TensorStore kvstore URL (with a trailing ``/``) for a folder or URL. A folder's path is
+    percent-encoded (TensorStore decodes ``file://`` URLs: a ``%41`` in a folder name would name another
+    folder, a ``#`` would start a fragment); ordinary paths are unchanged by the encoding."""
     location = os.fspath(location)
     if "://" in location:
         return location.rstrip("/") + "/"
-    return "file://" + os.path.abspath(location).rstrip("/") + "/"
+    return "file://" + urllib.parse.quote(os.path.abspath(location).rstrip("/")) + "/"
 
 
 def local_path(url: str) -> Optional[str]:
-    return url[len("file://"):] if url.startswith("file://") else None
+    return urllib.parse.unquote(url[len("file://"):]) if url.startswith("file://") else None
 
 
 def join_url(base: str, name: str) -> str:
