@@ -30,6 +30,8 @@ A preset (``policies/NAME.toml``) looks like::
     name = "capacity"
     max_rows = 50016
     on_full = "reject"
+                              # any entry may add layer = "block" or "readout": it then
+                              # applies to the residual blocks only, or to the readout only
 
     [hybrid]                  # the optimizer of the stored rows (layers with hybrid = true)
     optimizer = "adam"
@@ -284,10 +286,11 @@ class Preset:
         """Training settings (batch_size, epochs, loss, seed) with their defaults."""
         return {"batch_size": 16, "epochs": 1.0, "loss": "cross_entropy", "seed": 0, **dict(self.train)}
 
-    @property
-    def policy_chain(self) -> Optional[policies.Policy]:
-        """The ``[[policy]]`` chain (None when the preset has none)."""
-        built = [policies.BUILTINS[name](**dict(params)) for name, params in self.policy_entries]
+    def policy_chain(self, layer: Optional[str] = None) -> Optional[policies.Policy]:
+        """The ``[[policy]]`` chain of a ``"block"`` or the ``"readout"`` layer: the entries without a
+        ``layer`` key and those naming it (``layer=None``: the entries without one); None when empty."""
+        built = [policies.BUILTINS[name](**policy_params(params)) for name, params in self.policy_entries
+                 if dict(params).get("layer") in (None, layer)]
         return policies.chain(*built) if built else None
 
     def hybrid_tx(self) -> Optional[optax.GradientTransformation]:
@@ -305,18 +308,18 @@ class Preset:
 
     def policies(self):
         """The trainer's ``policy`` argument: one policy for every layer, or a function of the
-        layer path when only the blocks or only the readout are hybrid."""
-        chain = self.policy_chain
-        if not self.hybrid_layers:
-            return chain
-        members = [] if chain is None else [chain]
+        layer path when an entry names a ``layer`` or only the blocks or only the readout are hybrid."""
+        per_layer = any("layer" in dict(p) for _, p in self.policy_entries)
 
-        def hybrid_chain():
-            return policies.chain(*members, policies.hybrid(self.hybrid_tx()))
+        def chain_of(kind):
+            chain = self.policy_chain(kind if per_layer else None)
+            if kind not in self.hybrid_layers:
+                return chain
+            return policies.chain(*([] if chain is None else [chain]), policies.hybrid(self.hybrid_tx()))
 
-        if set(self.hybrid_layers) == {"block", "readout"}:
-            return hybrid_chain()
-        return lambda path: hybrid_chain() if (path == "readout") == ("readout" in self.hybrid_layers) else chain
+        if not per_layer and set(self.hybrid_layers) in (set(), {"block", "readout"}):
+            return chain_of("readout")
+        return lambda path: chain_of("readout" if path == "readout" else "block")
 
     def model(self, d_out: int) -> layers.ResidualGrowingNet:
         act = {"none": None, **{k: layers.ACTIVATIONS[k] for k in ("relu", "gelu")}}[self.nonlinearity]
@@ -418,9 +421,19 @@ def _key_table(path, section: str, table) -> dict:
     return keys
 
 
+#: a ``[[policy]]`` entry's ``layer``: the entry applies to the residual blocks or to the readout only
+POLICY_LAYER = _enum("block", "readout")
+
+
+def policy_params(params) -> dict:
+    """A ``[[policy]]`` entry's parameters for its policy function (without the entry's ``layer``)."""
+    return {k: v for k, v in dict(params).items() if k != "layer"}
+
+
 def _build_policy(path, entries) -> tuple:
     """The validated ``[[policy]]`` entries ``((name, ((key, value), ...)), ...)``; each is built
-    once here so that impossible combinations fail at load time."""
+    once here so that impossible combinations fail at load time. An entry's optional ``layer``
+    (``"block"`` or ``"readout"``) restricts it to those layers; the chain of each is checked."""
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: key 'policy' must be an array of tables ([[policy]])")
     built, entries_out = [], []
@@ -432,7 +445,8 @@ def _build_policy(path, entries) -> tuple:
         if name not in POLICIES:
             raise ConfigError(f"{path}: key '{where}.name' = {name!r} is not allowed; allowed: "
                               f"one of {', '.join(repr(n) for n in POLICIES)}")
-        params = _validate(path, where, {k: v for k, v in entry.items() if k != "name"}, POLICIES[name])
+        params = _validate(path, where, {k: v for k, v in entry.items() if k != "name"},
+                           {**POLICIES[name], "layer": POLICY_LAYER})
         for req in REQUIRED_POLICY_KEYS[name]:
             if req not in params:
                 raise ConfigError(f"{path}: key '{where}.{req}' is missing; {name} needs "
@@ -441,14 +455,15 @@ def _build_policy(path, entries) -> tuple:
             if k in params:
                 params[k] = int(params[k])
         try:
-            built.append(policies.BUILTINS[name](**params))
+            built.append((params.get("layer"), policies.BUILTINS[name](**policy_params(params))))
         except ValueError as e:
             raise ConfigError(f"{path}: key '{where}': {e}") from None
         entries_out.append((name, tuple(sorted(params.items()))))
-    try:
-        policies.chain(*built)
-    except ValueError as e:
-        raise ConfigError(f"{path}: key 'policy': {e}") from None
+    for kind in ("block", "readout"):
+        try:
+            policies.chain(*[p for layer, p in built if layer in (None, kind)])
+        except ValueError as e:
+            raise ConfigError(f"{path}: key 'policy' ({kind} layers): {e}") from None
     return tuple(entries_out)
 
 
@@ -563,8 +578,9 @@ def load(name_or_path, overrides: Optional[Mapping[str, Any]] = None) -> Union[P
     replay = _validate(path, "replay", doc.get("replay", {}), REPLAY)
     if "replay" in doc and "samples" not in replay:
         raise ConfigError(f"{path}: key 'replay.samples' is missing; allowed: {REPLAY['samples'].allowed}")
-    if replay.get("samples") and not any(n == "labels" or (n == "capacity" and dict(p).get("on_full") == "evict_balanced")
-                          for n, p in entries):
+    first = "block" if model.get("n_blocks", 0) else "readout"      # the layer SelfReplay draws from
+    if replay.get("samples") and not any(dict(p).get("layer") in (None, first) and (
+            n == "labels" or (n == "capacity" and dict(p).get("on_full") == "evict_balanced")) for n, p in entries):
         raise ConfigError(f"{path}: key 'replay' needs the rows' labels; allowed: add a [[policy]] with name = "
                           f"'labels' (or a capacity with on_full = 'evict_balanced')")
     if hybrid and not hybrid_layers:

@@ -1,4 +1,5 @@
 """TOML presets: every shipped preset loads and builds; bad files fail with clear errors."""
+import dataclasses
 import textwrap
 
 import numpy as np
@@ -86,6 +87,38 @@ def test_a_preset_trains_a_few_steps(tmp_path):
     assert np.isfinite(np.asarray(tr.predict(x))).all()
 
 
+def test_policy_entries_naming_a_layer_apply_to_that_layer_only():
+    """replay_dct_evict_smallest: the block evicts its least significant rows, the readout stays
+    class-balanced; under a cap both layers hold at most the cap, each by its own rule."""
+    from growmem.continual.learner import with_row_cap
+
+    pre = config.load("replay_dct_evict_smallest")
+    chains = pre.policies()
+    assert repr(chains("block_0")) == repr(P.chain(P.labels(), P.capacity(1000000, "evict_smallest")))
+    assert repr(chains("readout")) == repr(P.chain(P.capacity(1000000, "evict_balanced")))
+    capped = with_row_cap(pre, 24)
+    assert [dict(p).get("max_rows") for n, p in capped.policy_entries if n == "capacity"] == [24, 24]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(160, 100)).astype(np.float32)
+    y = rng.integers(0, 4, 160)
+    tr = capped.trainer(x[:16], d_out=4)
+    for i in range(0, 160, 16):
+        tr.step(x[i:i + 16], y[i:i + 16])
+    mems = tr.memories()
+    assert tr.rows_in_use() == {"block_0": 24, "readout": 24}
+    block = mems[("block_0",)]
+    born, last = np.asarray(block.born[:24]), int(block.t)
+    # each step brings 32 rows (16 + 16 replayed) to a cap of 24: evicting by age would keep the last step's rows
+    # only; evicting the least significant keeps early rows (their errors were large) and drops later ones
+    assert born.max() < last - 2, (born, last)
+    # the readout evicts the oldest rows of its largest class: it holds the newest step's rows
+    assert int(np.asarray(mems[("readout",)].born[:24]).max()) == last
+    # a cap for one layer only: the other layer gets one of its own under a budget
+    only_block = dataclasses.replace(pre, policy_entries=pre.policy_entries[:2])
+    added = with_row_cap(only_block, 24, "evict_oldest").policy_entries[-1]
+    assert added == ("capacity", (("layer", "readout"), ("max_rows", 24), ("on_full", "evict_oldest")))
+
+
 BASE = 'description = "x"\n'
 
 
@@ -108,6 +141,7 @@ BASE = 'description = "x"\n'
     ('[layer]\nkernel = "rbf"\nbeta = 1.0\n', "layer.beta", "eta"),
     ('[hybrid]\nlearning_rate = 0.1\n', "hybrid", "hybrid = true"),
     ('[train]\nloss = "hinge"\n', "train.loss", "'cross_entropy'"),
+    ('[[policy]]\nname = "labels"\nlayer = "blocks"\n', "policy[0].layer", "'block', 'readout'"),
 ])
 def test_bad_presets_name_the_file_the_key_and_the_allowed_values(tmp_path, body, key, allowed):
     f = tmp_path / "bad.toml"

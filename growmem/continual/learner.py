@@ -165,17 +165,22 @@ class GrowmemConfig:
 
 def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
     """``preset`` whose every layer also holds at most ``max_rows`` rows, with an initial capacity that
-    never needs to grow past the cap: the preset's own ``capacity`` policy gets ``max_rows`` (its
-    ``on_full`` kept), or one is appended last in the chain with ``on_full``."""
+    never needs to grow past the cap: the preset's own ``capacity`` policies (one per layer when its entries
+    name a ``layer``) get ``max_rows`` (their ``on_full`` kept), or one is appended last in the chain with
+    ``on_full``."""
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
     entries = list(preset.policy_entries)
     own = [i for i, (name, _) in enumerate(entries) if name == "capacity"]
-    if own:
-        params = dict(entries[own[-1]][1], max_rows=int(max_rows))
-        entries[own[-1]] = ("capacity", tuple(sorted(params.items())))
-    else:
+    for i in own:
+        params = dict(entries[i][1], max_rows=int(max_rows))
+        entries[i] = ("capacity", tuple(sorted(params.items())))
+    covered = {dict(entries[i][1]).get("layer") for i in own}
+    if not own:
         entries.append(("capacity", (("max_rows", int(max_rows)), ("on_full", on_full))))
+    elif None not in covered:     # a layer whose capacity entries name only the other layer gets one of its own
+        entries += [("capacity", (("layer", kind), ("max_rows", int(max_rows)), ("on_full", on_full)))
+                    for kind in ("block", "readout") if kind not in covered]
     batch = int(preset.settings["batch_size"])
     return dataclasses.replace(preset, policy_entries=tuple(entries), capacity=max_rows + batch)
 
