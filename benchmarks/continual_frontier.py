@@ -10,7 +10,9 @@ reported is the final accuracy, the mean over the test experiences.
 
 * growmem — ``target:dct_merge`` (a target memory whose rows become prototypes under the budget:
   Ward merges, class-balanced), ``target:dct`` (the shipped preset: the most redundant rows are
-  evicted), ``net:replay_dct`` (a growing network: error-driven rows, self-replay of its rows);
+  evicted), ``net:replay_dct`` (a growing network: error-driven rows in a residual block and the readout,
+  self-replay of its rows), ``net:readout_replay_dct`` (the same without the block: error-driven rows in the
+  readout alone, on the fixed DCT keys);
 * order-free baselines on the same DCT codes and on raw pixels, a class-balanced buffer at the
   budget — ``knn:dct``, ``ncm:dct``, ``slda:dct``, ``knn:raw`` (they see the stream in batches of 256:
   their state does not depend on the order);
@@ -20,6 +22,8 @@ reported is the final accuracy, the mean over the test experiences.
 
 **Verdicts**: per stream and budget, the best growmem method against the best other method (by mean),
 paired by seed, by a Student t-test at 95 % (t with n − 1 degrees of freedom; else a tie).
+``network_verdicts``: the best growing network (``net:*``) against the best online replay of raw images
+(``er_*:raw``), the same way.
 **Ablation** (``--ablation``): ``target:dct_merge`` with one policy changed at a time, paired with the
 full recipe at the same seeds.
 
@@ -52,7 +56,8 @@ _IMAGE = ("knn:raw", "er_reservoir:raw", "er_balanced:raw")
 #: noise: kNN on DCT codes of Permuted-MNIST scored 0.39 at 1 MB where on projections it scores as the rest), and
 #: the controls store what it stores; SLDA on raw pixels (a 784 x 784 covariance, 2.4 MB) fits no budget here
 METHODS = {
-    "split_mnist": ("target:dct_merge", "net:replay_dct", "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct") + _IMAGE,
+    "split_mnist": ("target:dct_merge", "net:readout_replay_dct", "net:replay_dct_evict_smallest", "net:replay_dct",
+                    "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct") + _IMAGE,
     "permuted_mnist": ("target:proj_merge", "knn:proj", "ncm:proj", "slda:proj", "er_balanced:proj") + _IMAGE,
 }
 METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
@@ -88,8 +93,17 @@ def _er_widths(budget, method):
     return [{"hidden_size": w} for w in (h // 2, h, 2 * h)]
 
 
+def _cross(center: dict, **axes):
+    """The center and, for each axis, its other values with the rest at the center (one setting moved at a
+    time): ``{"overrides": {...}}`` points."""
+    pts = [dict(center)] + [{**center, k: v} for k, vs in axes.items() for v in vs if v != center[k]]
+    return [{"overrides": p} for p in pts]
+
+
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
+    "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
+                                                  **{"readout.temperature": (0.5, 2.0), "readout.beta": (0.3, 3.0)}),
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
@@ -162,16 +176,40 @@ def merge_runs(old, new):
     return [r for r in old if _key(r) not in fresh] + list(new)
 
 
+def unique_invocations(invocations):
+    """Each invocation once, in order (a file combined twice, or one already combined into another, brings
+    its history along again)."""
+    seen, out = set(), []
+    for i in invocations:
+        key = (i["command"], i.get("finished"), i.get("seconds"))
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
 def _acc(r):
     return r["summary"]["acc_mean_over_experiences"]
 
 
+def _best_against_best(first: dict, second: dict, compare) -> dict:
+    """The best (by mean) of the rows ``first`` against the best of ``second``, paired over their common seeds."""
+    g = max(first, key=lambda m: first[m]["accuracy_mean"])
+    o = max(second, key=lambda m: second[m]["accuracy_mean"])
+    common = sorted(set(first[g]["seeds"]) & set(second[o]["seeds"]))
+    a = [first[g]["accuracy_values"][first[g]["seeds"].index(s)] for s in common]
+    b = [second[o]["accuracy_values"][second[o]["seeds"].index(s)] for s in common]
+    return {"growmem": g, "other": o, "seeds": common, "difference": (sum(a) - sum(b)) / max(1, len(a)),
+            "verdict": compare(a, b, paired=True)}
+
+
 def summarise(runs, ablation_runs):
-    """``(summary, verdicts, ablation)`` of the runs (module docstring)."""
+    """``(summary, verdicts, ablation, network_verdicts)`` of the runs (module docstring): ``network_verdicts``
+    is the best growing network (``net:*``) against the best online replay of raw images (``er_*:raw``)."""
     from growmem.continual.methods import resolve
     from growmem.reporting import compare, mean_std
 
-    summary, verdicts, ablation = {}, {}, {}
+    summary, verdicts, ablation, network_verdicts = {}, {}, {}, {}
     for stream in dict.fromkeys(r["stream"] for r in runs):
         for budget in sorted({r["budget"] for r in runs if r["stream"] == stream}):
             rows = {}
@@ -191,14 +229,11 @@ def summarise(runs, ablation_runs):
             gm = {m: r for m, r in ok.items() if r["growmem"]}
             other = {m: r for m, r in ok.items() if not r["growmem"]}
             if gm and other:
-                g = max(gm, key=lambda m: gm[m]["accuracy_mean"])
-                o = max(other, key=lambda m: other[m]["accuracy_mean"])
-                common = sorted(set(gm[g]["seeds"]) & set(other[o]["seeds"]))
-                a = [gm[g]["accuracy_values"][gm[g]["seeds"].index(s)] for s in common]
-                b = [other[o]["accuracy_values"][other[o]["seeds"].index(s)] for s in common]
-                verdicts.setdefault(stream, {})[str(budget)] = {
-                    "growmem": g, "other": o, "seeds": common, "difference": (sum(a) - sum(b)) / max(1, len(a)),
-                    "verdict": compare(a, b, paired=True)}
+                verdicts.setdefault(stream, {})[str(budget)] = _best_against_best(gm, other, compare)
+            nets = {m: r for m, r in gm.items() if resolve(m, stream).family == "net"}
+            raw_replay = {m: r for m, r in other.items() if m.startswith("er_") and m.endswith(":raw")}
+            if nets and raw_replay:
+                network_verdicts.setdefault(stream, {})[str(budget)] = _best_against_best(nets, raw_replay, compare)
     for stream in dict.fromkeys(r["stream"] for r in ablation_runs):
         for budget in sorted({r["budget"] for r in ablation_runs if r["stream"] == stream}):
             here = [r for r in ablation_runs if r["stream"] == stream and r["budget"] == budget]
@@ -219,7 +254,7 @@ def summarise(runs, ablation_runs):
                     row["difference_vs_full"] = sum(vals[s] - full[s] for s in common) / len(common)
                 rows[v] = row
             ablation.setdefault(stream, {})[str(budget)] = rows
-    return summary, verdicts, ablation
+    return summary, verdicts, ablation, network_verdicts
 
 
 def plot(payload, out: Path):
@@ -258,6 +293,22 @@ def chosen_settings(path) -> dict:
     return {st: {b: {m: e["chosen"] for m, e in ms.items()} for b, ms in bs.items()} for st, bs in doc["streams"].items()}
 
 
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}
+
+
+def on_edge(points, best: int) -> list:
+    """The settings of ``points[best]`` that sit at the smallest or largest value the grid tried for them
+    (settings tried at one value only are not an edge): ``[]`` when the chosen point is inside the grid."""
+    flat = [_flat(p) for p in points]
+    out = []
+    for k, v in flat[best].items():
+        tried = {f[k] for f in flat if k in f}
+        if len(tried) > 1 and v in (min(tried), max(tried)):
+            out.append(k)
+    return out
+
+
 def tune(args, cfg, streams, seeds, budgets):
     """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
     out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge."""
@@ -287,7 +338,8 @@ def tune(args, cfg, streams, seeds, budgets):
                 best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = {
                     "results": results, "chosen": None if best is None else results[best]["settings"],
-                    "on_edge": None if best is None else best in (0, len(results) - 1), "seed": seeds[0]}
+                    "on_edge": None if best is None else on_edge([r["settings"] for r in results], best),
+                    "seed": seeds[0]}
     doc["invocations"].append({"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                                "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())})
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
@@ -372,7 +424,7 @@ def main(argv=None):
            "invocations": old.get("invocations", []) + combined["invocations"]}
     runs = merge_runs(old["runs"], new)
     ablation_runs = merge_runs(old["ablation_runs"], new_ablation)
-    summary, verdicts, ablation = summarise(runs, ablation_runs)
+    summary, verdicts, ablation, network_verdicts = summarise(runs, ablation_runs)
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
                   "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": skipped}
@@ -383,8 +435,9 @@ def main(argv=None):
                           "methods": {s: list(m) for s, m in cfg["methods"].items()},
                           "ablation": [[v, o] for v, o in ABLATION], "ablated": ABLATED,
                           "anchors": list(ANCHORS)},
-               "summary": summary, "verdicts": verdicts, "ablation": ablation,
-               "invocations": old["invocations"] + [invocation], "runs": runs, "ablation_runs": ablation_runs}
+               "summary": summary, "verdicts": verdicts, "network_verdicts": network_verdicts, "ablation": ablation,
+               "invocations": unique_invocations(old["invocations"] + [invocation]), "runs": runs,
+               "ablation_runs": ablation_runs}
     out = write_json(path, payload)
     plot(payload, args.out)
 
@@ -398,6 +451,10 @@ def main(argv=None):
                 over = "" if r["within_budget"] else "  OVER BUDGET"
                 print(f"    {m:22s} {r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f}  n={len(r['seeds'])}  "
                       f"{r['bytes_peak'] / 1e6:.3f} MB ({r['bytes_peak'] / int(b):.2f} of the budget){over}")
+    for stream, by_budget in network_verdicts.items():
+        for b, v in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            print(f"growing network vs online replay of raw images, {stream} at {int(b) / 1e6:g} MB: {v['growmem']} vs "
+                  f"{v['other']}: {v['difference']:+.4f} ({v['verdict']})")
     for stream, by_budget in ablation.items():
         for b, rows in by_budget.items():
             print(f"\nablation of {ABLATED}, {stream} at {int(b) / 1e6:g} MB:")

@@ -147,6 +147,13 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     both = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
     assert both["summary"]["split_mnist"]["200000"]["er_balanced:dct"]["seeds"] == [1, 2, 3]
     assert len(both["invocations"]) == 3
+    # combining a file whose runs are already in: its history is not repeated, only this invocation added
+    proc = subprocess.run(cmd + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
+    assert [i["command"] for i in again["invocations"][:3]] == [i["command"] for i in both["invocations"]]
+    assert len(again["invocations"]) == 4 and again["summary"] == both["summary"]
 
 
 def test_proj_baselines_store_the_target_proj_merge_presets_keys():
@@ -179,3 +186,21 @@ def test_proj_baselines_store_the_target_proj_merge_presets_keys():
     assert np.corrcoef(d_pix, d_key)[0, 1] > 0.95
     with pytest.raises(Exception, match="key set"):
         methods.resolve("knn:pca")
+
+
+def test_tuning_grid_edges_are_judged_per_setting():
+    """A chosen value at the smallest or largest value tried for its setting is an edge; the center of a
+    one-setting-at-a-time grid is not, whatever its position in the list."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
+    cf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cf)
+    grid = cf._cross({"a": 1.0, "b": 1.0}, a=(0.5, 2.0), b=(0.3, 3.0))
+    assert [g["overrides"] for g in grid] == [{"a": 1.0, "b": 1.0}, {"a": 0.5, "b": 1.0}, {"a": 2.0, "b": 1.0},
+                                             {"a": 1.0, "b": 0.3}, {"a": 1.0, "b": 3.0}]
+    assert cf.on_edge(grid, 0) == []
+    assert cf.on_edge(grid, 2) == ["a"] and cf.on_edge(grid, 3) == ["b"]
+    line = [{"hidden_size": w} for w in (64, 128, 256)]
+    assert cf.on_edge(line, 1) == [] and cf.on_edge(line, 0) == ["hidden_size"]
+    assert cf.on_edge([{"overrides": {"k": 3}}], 0) == []          # one value tried: no edge to speak of
