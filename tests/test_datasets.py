@@ -14,6 +14,7 @@ import socket
 import struct
 import tarfile
 import threading
+import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -624,6 +625,31 @@ def test_data_download_is_checksummed_and_a_second_call_fetches_nothing(isolated
     n = len(server.requests)
     code, out, _ = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path / "d", "--mirror", url)
     assert code == 0 and "already in" in out and len(server.requests) == n
+
+
+def test_a_mirror_that_never_answers_is_skipped_after_the_timeout(isolated, tmp_path, monkeypatch, server, capsys):
+    """A mirror that accepts the connection and sends nothing: --timeout bounds the wait, the next mirror
+    serves the files, and the wait is said on stderr."""
+    files, sums, _ = tiny_idx()
+    _override(tmp_path, monkeypatch, sums)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)                    # connections complete in the backlog and are never answered
+    try:
+        start = time.monotonic()
+        code, out, err = _cli(capsys, "data", "download", "mnist", "--dir", tmp_path / "d", "--timeout", "0.5",
+                              "--mirror", f"http://127.0.0.1:{silent.getsockname()[1]}/m/",
+                              "--mirror", server.mirror("m", files))
+        took = time.monotonic() - start
+    finally:
+        silent.close()
+    assert code == 0 and "checksums verified" in out, err
+    assert took < 4 * 0.5 + 5, took                 # four files, one timeout each, then the good mirror
+    assert "a mirror silent for 0.5 s is skipped" in err
+    assert tree(tmp_path / "d") == ["mnist"] + [f"mnist/{f}" for f in sorted(IDX_FILES)]
+    for bad in ("0", "-1", "nan", "soon"):
+        code, _, err = _cli(capsys, "data", "download", "mnist", "--timeout", bad)
+        assert code == 2 and "expected a number of seconds > 0" in err and "Traceback" not in err
 
 
 def test_data_download_resumes_a_broken_transfer_with_a_range_request(isolated, tmp_path, monkeypatch, server,

@@ -34,6 +34,9 @@ def add_parser(sub) -> None:
     q.add_argument("--dir", **dirs)
     q.add_argument("--mirror", action="append", default=None, metavar="URL",
                    help="a base URL to fetch from instead of the dataset's mirrors (repeatable)")
+    q.add_argument("--timeout", type=_seconds, default=datasets.TIMEOUT, metavar="SECONDS",
+                   help=f"give up on a mirror that sends nothing for this long and try the next "
+                        f"(default {datasets.TIMEOUT:g})")
     q.set_defaults(func=cmd_download)
     q = dsub.add_parser("verify", help="check the files on this machine against their checksums")
     q.add_argument("names", nargs="*", metavar="NAME", help="datasets to check (default: every one found)")
@@ -68,6 +71,19 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return v
+
+
 def cmd_download(args) -> int:
     if args.dir is not None:
         from ..errors import UsageError
@@ -80,7 +96,7 @@ def cmd_download(args) -> int:
     if st.found is not None and all(bad is None for _, bad in datasets.verify(args.name, args.dir)):
         print(f"{args.name}: already in {st.found} (checksums verified); nothing downloaded")
         return 0
-    folder = datasets.download(args.name, st.target, mirrors=args.mirror, resume=True)
+    folder = datasets.download(args.name, st.target, mirrors=args.mirror, resume=True, timeout=args.timeout)
     bad = [(p, why) for p, why in datasets.verify(args.name, args.dir) if why is not None]
     if bad:  # a damaged file found elsewhere first, say
         from ..errors import RunError

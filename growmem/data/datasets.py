@@ -642,7 +642,7 @@ def _fetch_all(spec: DatasetSpec, folder: Path, mirrors: Sequence[str], checksum
     for fname in fnames:
         for base in mirrors:
             url = (base if base.endswith("/") else base + "/") + fname
-            _say(f"downloading {url} -> {folder}/")
+            _say(f"downloading {url} -> {folder}/ (a mirror silent for {timeout:g} s is skipped)")
             try:
                 _fetch(url, folder, fname, _verifier(spec, fname, checksums), timeout, resume)
                 break
