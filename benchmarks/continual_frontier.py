@@ -103,7 +103,7 @@ def _cross(center: dict, **axes):
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
-                                                  **{"readout.temperature": (0.5, 2.0), "readout.beta": (0.3, 3.0)}),
+                                                  **{"readout.temperature": (0.25, 0.5, 2.0), "readout.beta": (0.3, 3.0)}),
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
