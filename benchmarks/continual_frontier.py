@@ -103,7 +103,7 @@ def _cross(center: dict, **axes):
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
-                                                  **{"readout.temperature": (0.25, 0.5, 2.0), "readout.beta": (0.3, 3.0)}),
+                                                  **{"readout.temperature": (0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)}),
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
@@ -311,7 +311,9 @@ def on_edge(points, best: int) -> list:
 
 def tune(args, cfg, streams, seeds, budgets):
     """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
-    out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge."""
+    out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge.
+    With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
+    run again: a grid extended past its edge runs only its new points."""
     from growmem.reporting import write_json
 
     path = args.out / "continual_frontier_tune.json"
@@ -323,7 +325,13 @@ def tune(args, cfg, streams, seeds, budgets):
                 if args.methods and m not in _csv(args.methods):
                     continue
                 results = []
+                before = {json.dumps(r["settings"], sort_keys=True): r for r in
+                          doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", [])
+                          if r["accuracy"] is not None}
                 for point in grid(b, stream):
+                    if json.dumps(point, sort_keys=True) in before:   # a grid that extends: tried points are read back
+                        results.append(before[json.dumps(point, sort_keys=True)])
+                        continue
                     try:
                         r = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, settings=point,
                                     split="validation")[0]

@@ -267,6 +267,30 @@ def render_continual_frontier(doc) -> str:
                   f"invocations, load average after them up to {max(loads):.1f}; {cmds}).*\n")
 
 
+def _setting(settings) -> dict:
+    """A tuning point's values: its preset overrides, or its settings (an MLP's width)."""
+    return settings["overrides"] if "overrides" in settings else settings
+
+
+@renderer("continual_frontier_tune", "continual_frontier_tune.json")
+def render_continual_frontier_tune(doc) -> str:
+    """The frontier's validation grids: per stream, budget and method, every point tried, the chosen one and
+    whether it sits on an edge of the grid."""
+    rows = []
+    for st, by_budget in doc["streams"].items():
+        for b, ms in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            for m, e in ms.items():
+                tried = "; ".join(f"{json.dumps(_setting(r['settings']), sort_keys=True)} → "
+                                  + ("–" if r["accuracy"] is None else f"{r['accuracy']:.4f}") for r in e["results"])
+                edge = e["on_edge"]
+                rows.append([st, f"{mb(int(b))} MB", f"`{m}`", e["seed"], tried,
+                             f"`{json.dumps(_setting(e['chosen']), sort_keys=True)}`"
+                             if e["chosen"] else "none within the budget",
+                             "inside" if not edge else "edge: " + ", ".join(edge)])
+    cmds = "; ".join(dict.fromkeys(f"`{i['command']}`" for i in doc["invocations"]))
+    return table(["stream", "budget", "method", "seed", "validation accuracy of each point", "chosen", "grid"], rows) + f"\n*From `benchmarks/results/continual_frontier_tune.json` ({cmds}).*\n"
+
+
 @renderer("frontier_findings", "continual_frontier.json")
 def render_frontier_findings(doc) -> str:
     """The README's frontier: per stream and budget, the best growmem method against the best other one."""

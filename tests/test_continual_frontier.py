@@ -204,3 +204,21 @@ def test_tuning_grid_edges_are_judged_per_setting():
     line = [{"hidden_size": w} for w in (64, 128, 256)]
     assert cf.on_edge(line, 1) == [] and cf.on_edge(line, 0) == ["hidden_size"]
     assert cf.on_edge([{"overrides": {"k": 3}}], 0) == []          # one value tried: no edge to speak of
+
+
+def test_tuning_reads_back_the_points_it_already_tried(tmp_path):
+    """``--tune --merge``: a second invocation over the same grid runs nothing and chooses the same point."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
+           "split_mnist", "--methods", "knn:dct", "--budgets", "0.2MB", "--tune", "--merge", "--out", str(tmp_path)]
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stderr.count("tune split_mnist knn:dct") == 3
+    doc = json.loads((tmp_path / "continual_frontier_tune.json").read_text())
+    second = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "tune split_mnist knn:dct" not in second.stderr
+    again = json.loads((tmp_path / "continual_frontier_tune.json").read_text())
+    entry, before = again["streams"]["split_mnist"]["200000"]["knn:dct"], doc["streams"]["split_mnist"]["200000"]["knn:dct"]
+    assert entry["results"] == before["results"] and entry["chosen"] == before["chosen"]
+    assert [r["settings"]["overrides"]["k"] for r in entry["results"]] == [1, 3, 5]
+    assert len(again["invocations"]) == 2
