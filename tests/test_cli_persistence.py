@@ -92,3 +92,30 @@ def test_train_with_a_ram_budget_spills_and_resumes_exactly(tmp_path, capsys):
     assert all(l["cold"] > 0 and l["rows"] == l["hot"] + l["cold"] for l in layers.values()), layers
     assert {k: l["rows"] for k, l in layers.items()} == m["ram"]["rows"] == m["a"]["rows"]
     _fails(capsys, lambda: train("c", 2, "--ram-budget", "lots"), "cannot read")
+
+
+def test_a_copied_or_moved_run_folder_is_inspected_and_exported_with_its_own_cold_tier(tmp_path, capsys):
+    """The default spill folder lies inside the checkpoint folder: a copy is checked against the copy's cold
+    rows (a damaged copy is reported damaged while the original is intact), and a moved folder reads where
+    it is now."""
+    import shutil
+
+    small = ["--batch-size", "32", "--test-size", "64", "--eval-every", "10", "--blocks", "1"]
+    assert cli.main(["train", "--steps", "30", "--out", str(tmp_path / "o"), *small, "--ram-budget", "1MB",
+                     "--checkpoint-dir", str(tmp_path / "ck")]) == 0
+    shutil.copytree(tmp_path / "ck", tmp_path / "copy")
+    capsys.readouterr()
+    assert cli.main(["inspect", str(tmp_path / "copy"), "--json"]) == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    assert all(l["cold"] > 0 and str(tmp_path / "copy" / "cold") in l["cold_url"] for l in layers), layers
+    chunk = sorted(p for p in (tmp_path / "copy" / "cold").rglob("*") if p.is_file() and "/c/" in str(p))[0]
+    chunk.write_bytes(bytes(b ^ 0xFF for b in chunk.read_bytes()))       # the copy's cold rows damaged
+    _fails(capsys, lambda: cli.main(["inspect", str(tmp_path / "copy")]), str(tmp_path / "copy"))
+    assert cli.main(["inspect", str(tmp_path / "ck")]) == 0                # the original is intact
+    assert cli.main(["export", str(tmp_path / "ck"), "--npz", str(tmp_path / "a.npz")]) == 0
+    shutil.move(str(tmp_path / "ck"), str(tmp_path / "moved"))
+    capsys.readouterr()
+    assert cli.main(["inspect", str(tmp_path / "moved")]) == 0 and "verified" in capsys.readouterr().out
+    assert cli.main(["export", str(tmp_path / "moved"), "--npz", str(tmp_path / "b.npz")]) == 0
+    za, zb = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    assert all(za[k].tobytes() == zb[k].tobytes() for k in za.files if k != "__description__")

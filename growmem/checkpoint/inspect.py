@@ -7,6 +7,7 @@ read) plus a JSON description — rows on disk tiers and on every shard included
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -48,6 +49,26 @@ def _tier_refs(entry: dict):
     return [b["tier"]] if "tier" in b else list(b.get("tiers") or [])
 
 
+def _relocated(meta: dict, here: str) -> dict:
+    """``meta`` with the cold tiers that lay inside the folder it was written in (``meta["directory"]``, e.g.
+    the default spill folder CHECKPOINT_DIR/cold) looked up inside ``here``, where the checkpoint is read
+    now: a copied or moved run folder is read with its own tiers, not the original's. Tiers outside that
+    folder, and checkpoints that do not record it, are read where they were written."""
+    saved = meta.get("directory")
+    if not saved or saved == here or "://" in saved or "://" in here:
+        return meta
+    meta = copy.deepcopy(meta)
+    for m in meta["memories"] + meta.get("stores", []):
+        for ref in _tier_refs(m):
+            path = tiered_lib.local_path(ref["url"])
+            if path is None:
+                continue
+            rel = os.path.relpath(path, saved)
+            if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+                ref["url"] = tiered_lib.url_of(os.path.join(here, rel))
+    return meta
+
+
 def inspect(directory, step: Optional[int] = None, *, verify: bool = True) -> dict:
     """A summary of a checkpoint (latest by default); with ``verify`` every array is read and
     checked against its CRC32, and the cold rows of every disk tier it refers to against the
@@ -55,7 +76,7 @@ def inspect(directory, step: Optional[int] = None, *, verify: bool = True) -> di
     ck = _open(directory)
     try:
         step = ck._pick(step)
-        meta = ck.read_meta(step)
+        meta = _relocated(ck.read_meta(step), ck.directory)
         if verify:
             ck.verify(step)
             for m in meta["memories"] + meta.get("stores", []):
@@ -191,7 +212,7 @@ def export(directory, npz_path, step: Optional[int] = None) -> dict:
     ck = _open(directory)
     try:
         step = ck._pick(step)
-        meta = ck.read_meta(step)
+        meta = _relocated(ck.read_meta(step), ck.directory)
         entries = meta["memories"] + meta.get("stores", [])
         if any(e["backend"]["backend"] == "sharded" for e in entries) and jax.process_count() > 1:
             raise CheckpointError(f"export gathers the rows of the sharded layers into one process; run it in a "

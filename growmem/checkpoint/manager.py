@@ -461,6 +461,7 @@ class Checkpointer:
         shard_crcs = _gather_json(shard_crcs)
         meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "growmem_version": __version__,
                 "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "directory": self.directory,   # where it was written: a copy finds its own cold tiers by it
                 "step": step, "leaves": leaves, "memories": memories, "stores": store_meta, "rng": rng_meta,
                 "shard_crc32": shard_crcs, "data_position": data_position, "config": config, "policy": policy,
                 "extra": extra, "process_count": jax.process_count(),
