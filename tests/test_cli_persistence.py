@@ -63,6 +63,14 @@ def test_resume_with_a_different_model_config_names_the_difference(tmp_path, cap
 def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     _fails(capsys, lambda: cli.main(["inspect", str(tmp_path / "empty")]), "no complete checkpoint")
+    # a folder of run folders (growmem continual keeps METHOD/seedN/ckpt): the error names where they are
+    for seed in (1, 2):
+        assert _train(tmp_path, f"s{seed}", 2, "--checkpoint-dir", str(tmp_path / "runs" / "m" / f"seed{seed}" /
+                                                                       "ckpt")) == 0
+    capsys.readouterr()
+    _fails(capsys, lambda: cli.main(["inspect", str(tmp_path / "runs")]),
+           re.escape(f"it holds run folders whose checkpoints are in {tmp_path / 'runs' / 'm' / 'seed1' / 'ckpt'}, "
+                     f"{tmp_path / 'runs' / 'm' / 'seed2' / 'ckpt'}: name one of them"))
 
 
 def test_train_with_a_ram_budget_spills_and_resumes_exactly(tmp_path, capsys):

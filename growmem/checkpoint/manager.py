@@ -307,6 +307,32 @@ def _disk_full(e: BaseException, directory: str) -> bool:
         return False
 
 
+def _checkpoints_below(directory, depth: int = 3) -> list:
+    """The folders up to ``depth`` levels below a local ``directory`` that hold a checkpoint step (a
+    ``growmem continual`` run keeps them in METHOD/seedN/ckpt), sorted."""
+    if "://" in str(directory) or not os.path.isdir(directory):
+        return []
+    found, level = [], [str(directory)]
+    for _ in range(depth):
+        below = []
+        for d in level:
+            try:
+                subs = sorted(e.path for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
+            except OSError:
+                continue
+            for sub in subs:
+                try:
+                    steps = [e for e in os.listdir(sub) if e.isdigit()]
+                except OSError:
+                    continue
+                if any(os.path.isfile(os.path.join(sub, e, META_ITEM, "metadata")) for e in steps):
+                    found.append(sub)
+                else:
+                    below.append(sub)
+        level = below
+    return sorted(found)
+
+
 def _location(directory) -> str:
     """A local absolute path for paths and ``file://`` URLs; other URLs (``gs://``) as given."""
     d = os.fspath(directory)
@@ -521,7 +547,11 @@ class Checkpointer:
     def _pick(self, step):
         steps = self.all_steps()
         if not steps:
-            raise CheckpointError(f"no complete checkpoint in {self.directory}")
+            inner = _checkpoints_below(self.directory)
+            hint = "" if not inner else (
+                f"; it holds run folders whose checkpoints are in {', '.join(inner[:3])}"
+                + (f" and {len(inner) - 3} more" if len(inner) > 3 else "") + ": name one of them")
+            raise CheckpointError(f"no complete checkpoint in {self.directory}{hint}")
         if step is None:
             return steps[-1]
         if int(step) not in steps:
