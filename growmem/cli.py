@@ -199,9 +199,29 @@ def _tier(args):
     where = args.spill_dir or (Path(args.checkpoint_dir) / "cold" if args.checkpoint_dir is not None
                                else Path(args.out) / "cold")
     resuming = bool(args.resume and args.checkpoint_dir is not None and _has_checkpoint(args.checkpoint_dir))
+    if resuming and not _spilled(args.checkpoint_dir):
+        raise UsageError(f"--resume --ram-budget: the run in {args.checkpoint_dir} was checkpointed with its rows in "
+                         f"RAM (no --ram-budget); resume it without --ram-budget (a run keeps the memory it started "
+                         f"with), or start a new run with it")
     if resuming and not Path(where).exists():
         raise UsageError(f"--resume: the spilled rows of this run are not at {where}; pass the --spill-dir the run used")
     return Tiered(where, ram_budget_bytes=budget, resume=resuming)
+
+
+def _spilled(directory) -> bool:
+    """Does the latest checkpoint in ``directory`` refer to a cold tier (was the run started with
+    --ram-budget)? True when that cannot be read: the resume itself then reports what is wrong."""
+    from .checkpoint import Checkpointer
+
+    try:
+        ck = Checkpointer(directory, keep=None, create=False)
+        try:
+            meta = ck.read_meta(ck.latest_step())
+        finally:
+            ck.close()
+    except Exception:          # a damaged checkpoint is the resume's to report, with its own message
+        return True
+    return any("tier" in m["backend"] or m["backend"].get("tiers") for m in meta["memories"] + meta.get("stores", []))
 
 
 def _has_checkpoint(directory) -> bool:

@@ -60,6 +60,15 @@ def test_resume_with_a_different_model_config_names_the_difference(tmp_path, cap
            r"temperature: checkpoint 1.0, current 2.0")
 
 
+def test_resume_with_a_ram_budget_the_run_never_had_says_so(tmp_path, capsys):
+    d = tmp_path / "ck"
+    assert _train(tmp_path, "a", 2, "--checkpoint-dir", str(d)) == 0
+    _fails(capsys, lambda: _train(tmp_path, "a", 4, "--checkpoint-dir", str(d), "--resume", "--ram-budget", "1MB"),
+           r"checkpointed with its rows in RAM \(no --ram-budget\); resume it without --ram-budget")
+    assert not (d / "cold").exists()
+    assert _train(tmp_path, "a", 4, "--checkpoint-dir", str(d), "--resume") == 0
+
+
 def test_inspect_of_a_directory_without_checkpoints_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     _fails(capsys, lambda: cli.main(["inspect", str(tmp_path / "empty")]), "no complete checkpoint")
