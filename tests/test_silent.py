@@ -110,7 +110,8 @@ cases = [["continual", "--checkpoint-every", "0"], ["continual", "--stream", "mn
          ["continual", "--memory-budget", "0"], ["continual", "--resume"],
          ["continual", "--resume", "--checkpoint-dir", sys.argv[1] + "/nope", "--out", sys.argv[1] + "/o"],
          ["train", "--resume", "--checkpoint-dir", sys.argv[1] + "/nope", "--out", sys.argv[1] + "/o"],
-         ["train", "--keep", "0"], ["repro", "NOSUCH", "--preset", "smoke"]]
+         ["train", "--keep", "0"], ["repro", "NOSUCH", "--preset", "smoke"],
+         ["continual", "--stream", "split_mnist", "--data-dir", sys.argv[1] + "/nowhere", "--out", sys.argv[1] + "/o"]]
 out = []
 for argv in cases:
     err = io.StringIO()
@@ -131,7 +132,8 @@ def test_usage_errors_are_one_line_before_torch_avalanche_or_jax_is_imported(tmp
             "unknown method 'replay'; valid methods", "must be comma-separated integers", "must be a positive size",
             "--resume needs --checkpoint-dir", "does not exist, so there is no run to resume",
             "does not exist, so there is no run to resume", "--keep: must be an integer >= 1",
-            "unknown experiment 'NOSUCH'; the experiments are single-pass, "]
+            "unknown experiment 'NOSUCH'; the experiments are single-pass, ",
+            "the MNIST streams need the MNIST files: mnist: data_dir "]
     for (argv, code, err), match in zip(doc["cases"], want):
         assert code == 2 and len(err.strip().splitlines()) == 1 and match in err, (argv, code, err)
         assert err.startswith(f"growmem {argv[0]}: "), err

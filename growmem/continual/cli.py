@@ -172,6 +172,16 @@ def check_continual(args):
     from growmem.options import check_folders
 
     check_folders("continual", args.checkpoint_dir, args.resume, args.out)
+    if args.stream in ("split_mnist", "permuted_mnist", "rotated_mnist") and not args.download:
+        # before torch and Avalanche are imported (seconds): the files are found the way the stream finds them
+        from growmem.data import datasets, mnist
+        from growmem.errors import UsageError
+
+        try:
+            mnist.find(args.data_dir)          # what the stream reads (growmem.continual.streams.mnist_arrays)
+        except datasets.DatasetError as e:
+            raise UsageError(f"the MNIST streams need the MNIST files: {e} Or pass --download to let Avalanche "
+                             f"download MNIST itself (needs a network)") from None
 
 
 def _methods(args) -> List[str]:
