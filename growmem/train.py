@@ -380,6 +380,8 @@ class Trainer:
         self.d_out = None
         #: rows each growing layer adds per input (1 for an MLP; a transformer's tokens per image)
         self._per_input = None
+        #: the shape of one input (``sample_input``'s without the batch axis): a batch of another is refused
+        self.input_shape = None if sample_input is None else tuple(np.shape(sample_input)[1:])
         if sample_input is not None:
             out, self._per_input = _probe(model, variables, sample_input)
             self.d_out = int(out.shape[-1]) if getattr(out, "ndim", 0) >= 1 else None
@@ -520,6 +522,14 @@ class Trainer:
             raise ValueError(f"the batch has {len(x)} inputs but {len(y)} targets")
         if len(x) == 0:
             raise ValueError("the batch is empty (0 samples): a step needs at least one sample; skip empty batches")
+        if self.input_shape is not None and tuple(np.shape(x)[1:]) != self.input_shape:
+            raise ValueError(f"the batch's inputs have shape {tuple(np.shape(x)[1:])} per sample but the model was "
+                             f"built for {self.input_shape} (its sample_input); reshape the inputs or build another "
+                             f"Trainer")
+        if self.loss_fn is squared_error and self.d_out is not None and \
+                tuple(np.shape(y)[1:]) not in ((self.d_out,),) + (((),) if self.d_out == 1 else ()):
+            raise ValueError(f"the targets have shape {tuple(np.shape(y)[1:])} per sample but the model outputs "
+                             f"{self.d_out} values; give targets of shape (batch, {self.d_out})")
         if self.loss_fn in CLASS_LOSSES and self.d_out is not None:
             labels = np.asarray(y)
             if not np.issubdtype(labels.dtype, np.integer):
