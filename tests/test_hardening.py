@@ -183,6 +183,18 @@ def test_an_empty_batch_is_refused_before_it_touches_the_memory():
         assert m.size == before[p]["k"].shape[0] and np.array_equal(m.rows()["k"], before[p]["k"])
 
 
+def test_inputs_or_targets_of_another_shape_are_refused_naming_both_shapes():
+    x = np.zeros((4, 6), np.float32)
+    tr = gm.Trainer(gm.ResidualGrowingNet(d_out=2, n_blocks=0, readout=gm.GrowingSpec.make("rbf", eta=0.1)),
+                    loss="squared_error", sample_input=x)
+    with pytest.raises(ValueError, match=r"inputs have shape \(5,\) per sample but the model was built for \(6,\)"):
+        tr.step(np.zeros((4, 5), np.float32), np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match=r"targets have shape \(3,\) per sample but the model outputs 2 values"):
+        tr.step(x, np.zeros((4, 3), np.float32))
+    tr.step(x, np.zeros((4, 2), np.float32))                    # the right shapes train
+    assert tr.rows_in_use()["readout"] == 4
+
+
 def test_an_empty_dataset_is_named_as_such_not_as_a_batch_size_range():
     from growmem.train import Batches
 
