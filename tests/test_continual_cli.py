@@ -48,6 +48,21 @@ def test_cli_errors_name_the_valid_choices(tmp_path):
         main(["--resume", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="size"):
         main(["--memory-budget", "lots", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown method 'nope:dct'.*er_balanced:raw"):
+        main(["--methods", "target:dct,nope:dct", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="'knn:dct' is listed twice"):
+        main(["--methods", "knn:dct,knn:dct", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--methods names every method of the run: give it alone"):
+        main(["--methods", "naive", "--baselines", "naive", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_methods_are_the_apis_names_run_as_given(tmp_path):
+    out = tmp_path / "out"
+    assert main(["--methods", "net:continual_decay,naive", "--n-experiences", "2", "--train-limit", "64",
+                 "--test-limit", "32", "--out", str(out), "--no-progress", "--threads", "1"]) == 0
+    doc = json.loads((out / "continual.json").read_text())
+    assert list(doc["summary"]) == ["net:continual_decay", "naive"]
 
 
 def _bench_module(name="continual"):
@@ -232,3 +247,19 @@ def test_offline_permuted_mnist_equals_avalanches_permuted_mnist_on_the_same_fil
         _same_items(a, b, [len(a) - 1])
     x0, x1 = ours.train_stream[0].dataset[0][0], ours.train_stream[1].dataset[0][0]
     assert not torch.equal(x0, x1) and torch.equal(x0.flatten().sort().values, x1.flatten().sort().values)
+
+
+def test_offline_rotated_mnist_equals_avalanches_rotated_mnist_on_the_same_files(avalanche_mnist_root):
+    """Rotated-MNIST rotates each experience's images once as a tensor (not per item, as Avalanche's
+    frozen transform does): the items must still be Avalanche's own, bitwise."""
+    from avalanche.benchmarks.classic import RotatedMNIST
+
+    from growmem.continual.streams import make_stream
+
+    ours = make_stream("rotated_mnist", seed=4, n_experiences=2)
+    theirs = RotatedMNIST(2, seed=4, dataset_root=avalanche_mnist_root)
+    for e in range(2):
+        a, b = ours.train_stream[e].dataset, theirs.train_stream[e].dataset
+        assert len(a) == len(b)
+        _same_items(a, b, [0, 77, len(a) - 1])
+        _same_items(ours.test_stream[e].dataset, theirs.test_stream[e].dataset, [0, 9])

@@ -82,6 +82,15 @@ def baselines(text: str) -> List[str]:
     return names
 
 
+@_checked
+def methods(text: str) -> List[str]:
+    from .methods import resolve_all
+
+    names = _csv(text)
+    resolve_all(names)        # an unknown name lists the valid ones; a name given twice is refused
+    return names
+
+
 size = _size
 
 
@@ -132,6 +141,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     opt("--baselines", type=baselines, default=None, metavar="NAMES",
         help="comma-separated Avalanche baselines: naive, ewc, lwf, gdumb, replay_N (replay_1000, "
              "replay_4400, ...), cumulative, joint; 'none' for none (default: naive,replay_1000)")
+    opt("--methods", type=methods, default=None, metavar="NAMES",
+        help="comma-separated methods by the names of the API and the benchmarks, in place of --policy and "
+             "--baselines: target:dct, net:replay_dct, knn:dct, er_balanced:raw, replay_1000, naive, ...")
     opt("--memory-budget", type=size, default=None, metavar="SIZE", to_="budget_bytes",
         help="cap growmem's memory at SIZE bytes (e.g. 15.7MB; 1 MB = 10^6 B, 1 MiB = 2^20 B); every "
              "method's peak bytes are checked against it")
@@ -171,6 +183,9 @@ def check_continual(args):
     a --checkpoint-dir another command wrote, or with --resume one that holds no run; --out."""
     from growmem.options import check_folders
 
+    if args.methods is not None and (args.policy is not None or args.baselines is not None):
+        from growmem.errors import UsageError
+        raise UsageError("--methods names every method of the run: give it alone, without --policy or --baselines")
     check_folders("continual", args.checkpoint_dir, args.resume, args.out)
     if args.stream in ("split_mnist", "permuted_mnist", "rotated_mnist") and not args.download:
         # before torch and Avalanche are imported (seconds): the files are found the way the stream finds them
@@ -187,6 +202,8 @@ def check_continual(args):
 def _methods(args) -> List[str]:
     from .runner import DEFAULT_BASELINES, DRIFT_GROWMEM, GROWMEM
 
+    if args.methods is not None:
+        return list(args.methods)
     if not args.policy:
         growmem = list(DRIFT_GROWMEM) if args.stream == "drifting_teacher" else [GROWMEM]
     elif len(args.policy) == 1:
