@@ -208,6 +208,20 @@ def _tier(args):
     return Tiered(where, ram_budget_bytes=budget, resume=resuming)
 
 
+def _newest_intact(directory, steps) -> Optional[int]:
+    """The newest of ``steps`` whose checkpoint verifies, its arrays and the cold rows it refers to (an older
+    checkpoint refers to the same cold chunks as the damaged one up to its own row count), or None."""
+    from .checkpoint import CheckpointError, inspect
+
+    for s in sorted(steps, reverse=True):
+        try:
+            inspect(directory, s, verify=True)
+        except CheckpointError:
+            continue
+        return s
+    return None
+
+
 def _spilled(directory) -> bool:
     """Does the latest checkpoint in ``directory`` refer to a cold tier (was the run started with
     --ram-budget)? True when that cannot be read: the resume itself then reports what is wrong."""
@@ -439,9 +453,12 @@ def _checkpoints(args, trainer, config):
             r = ckpt.restore(trainer, step, config=config)
         except CorruptCheckpointError as e:
             older = [s for s in steps if s < step]
-            hint = (f"; the previous checkpoint is step {older[-1]}: resume from it with --resume --resume-step "
-                    f"{older[-1]}" if older else "; no older checkpoint is left: start again without --resume in "
-                    f"another --checkpoint-dir")
+            intact = _newest_intact(args.checkpoint_dir, older)
+            hint = (f"; the newest older checkpoint that verifies (its cold rows included) is step {intact}: resume "
+                    f"from it with --resume --resume-step {intact}" if intact is not None else
+                    f"; no older checkpoint verifies either ({len(older)} checked: they share the damaged rows): "
+                    f"start again without --resume in another --checkpoint-dir" if older else
+                    "; no older checkpoint is left: start again without --resume in another --checkpoint-dir")
             raise UsageError(f"{e}{hint}") from None
         newer = [s for s in steps if s > step]
         for s in newer:   # an abandoned continuation: the run goes on from `step` instead

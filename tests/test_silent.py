@@ -102,6 +102,28 @@ def test_a_damaged_cold_tier_is_an_error_naming_the_file_never_zeros(tmp_path):
     assert tree(ck) == before and not (tmp_path / "rows.npz").exists()  # nothing was cut or rewritten
 
 
+def test_a_damaged_cold_chunk_points_the_resume_at_a_checkpoint_that_does_not_hold_it(tmp_path):
+    """Older checkpoints refer to the same cold chunks up to their own row count: the one the resume suggests
+    must verify, and the ones that hold the damaged chunk must not be suggested."""
+    ck = tmp_path / "ck"
+    spill = ["--ram-budget", "1MB", "--checkpoint-dir", ck, "--eval-every", "48", "--checkpoint-every", "8",
+             "--keep", "10"]
+    assert run("train", "--steps", "48", *spill, "--out", tmp_path / "o").returncode == 0
+    chunks = sorted((ck / "cold" / "readout" / "gen-0" / "k" / "c").iterdir(), key=lambda p: int(p.name))
+    victim = chunks[-1] / "0"                                         # the newest cold chunk of readout/k
+    damaged = bytearray(victim.read_bytes())
+    damaged[50] ^= 0x01
+    victim.write_bytes(bytes(damaged))
+    err = one_line_failure(run("train", "--steps", "56", *spill, "--resume", "--out", tmp_path / "o"),
+                           f"chunk file {victim} does not match its checksum", code=2)
+    steps = sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit())
+    verifies = {s: run("inspect", ck, "--step", s).returncode == 0 for s in steps}
+    assert not verifies[steps[-1]] and any(verifies.values()), verifies
+    want = max(s for s, ok in verifies.items() if ok)
+    assert f"the newest older checkpoint that verifies (its cold rows included) is step {want}" in err, err
+    assert all(not verifies[s] for s in steps if s > want)
+
+
 USAGE_WORKER = r"""
 import contextlib, io, json, sys
 from growmem.cli import main
