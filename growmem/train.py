@@ -39,6 +39,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from . import backends
 from . import memory as memlib
 from . import policies as polib
+from .errors import GrowmemError
 
 
 def cross_entropy(logits, labels):
@@ -653,7 +654,7 @@ class Batches:
         return self.x[idx], self.y[idx]
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(GrowmemError, FloatingPointError):
     """The training loss became NaN or infinite; the message names the step and the last finite loss."""
 
 

@@ -157,3 +157,23 @@ def test_kernels_are_told_apart_only_in_the_kernel_table():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(ROOT.parent)}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_exception_class_of_growmem_is_a_growmem_error():
+    """One error tree: ``except GrowmemError`` catches every error growmem raises on purpose (each may also
+    keep a standard base, ValueError or FileNotFoundError, for callers that catch those)."""
+    import importlib
+    import inspect as pyinspect
+
+    from growmem.errors import GrowmemError
+
+    outside = []
+    for name in sorted(_modules()):
+        if name.endswith("__main__"):
+            continue
+        mod = importlib.import_module(name)
+        for cls_name, cls in vars(mod).items():
+            if pyinspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name \
+                    and not issubclass(cls, GrowmemError):
+                outside.append(f"{name}.{cls_name}")
+    assert outside == [], outside

@@ -8,25 +8,23 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from growmem.data.datasets import DatasetNotFoundError  # noqa: F401  (one class for a missing dataset)
+from growmem.errors import GrowmemError
+
 #: how to install what this package needs
 EXTRA_INSTALL = "pip install 'growmem[continual]'"
 
 
-class MissingExtraError(ImportError):
+class MissingExtraError(GrowmemError, ImportError):
     """``avalanche-lib`` (or PyTorch) is not installed."""
 
 
-class UnknownNameError(ValueError):
+class UnknownNameError(GrowmemError, ValueError):
     """An unknown stream, preset, baseline or method name; the message lists the valid ones."""
 
 
-class InputShapeError(ValueError):
+class InputShapeError(GrowmemError, ValueError):
     """A stream's inputs do not fit the model; the message names both shapes."""
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """A stream's dataset is not on this machine; the message names the paths searched and how
-    to get it."""
 
 
 def require_avalanche():

@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from ..errors import GrowmemError
+
 #: where ``growmem repro`` writes by default (relative to the working directory); the committed results are
 #: written with ``--out benchmarks/results/repro``
 DEFAULT_OUT = Path("runs") / "repro"
@@ -33,7 +35,7 @@ PRESETS = ("smoke", "cpu", "paper")
 IMAGE_DATASETS = ("mnist", "fashion_mnist", "cifar10", "cifar100")
 
 
-class ReproError(Exception):
+class ReproError(GrowmemError):
     """A reproduction cannot start: an unknown experiment or preset, bad overrides (exit 2)."""
 
 
