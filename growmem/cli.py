@@ -445,10 +445,10 @@ def _checkpoints(args, trainer, config):
         step = latest if args.resume_step is None else args.resume_step
         if step not in steps:
             raise UsageError(f"--resume-step {step}: {args.checkpoint_dir} holds steps {steps}")
-        if step >= args.steps:
-            raise UsageError(f"the checkpoint in {args.checkpoint_dir} is at step {step}, already "
-                             f"{'at' if step == args.steps else 'past'} --steps {args.steps}: nothing to train; pass "
-                             f"--steps N with N > {step} to train on (growmem inspect {args.checkpoint_dir} shows it)")
+        if step > args.steps:
+            raise UsageError(f"the checkpoint in {args.checkpoint_dir} is at step {step}, already past --steps "
+                             f"{args.steps}: nothing to train; pass --steps N with N > {step} to train on (growmem "
+                             f"inspect {args.checkpoint_dir} shows it)")
         try:
             r = ckpt.restore(trainer, step, config=config)
         except CorruptCheckpointError as e:
@@ -464,7 +464,9 @@ def _checkpoints(args, trainer, config):
         for s in newer:   # an abandoned continuation: the run goes on from `step` instead
             ckpt.delete(s)
         print(f"resumed from step {r.step} of {args.checkpoint_dir}"
-              + (f" (removed the later checkpoints {newer})" if newer else ""))
+              + (f" (removed the later checkpoints {newer})" if newer else "")
+              + (f": the run had reached --steps {args.steps} (stopped before its results were written); writing "
+                 f"them" if r.step == args.steps else ""))
         return ckpt, r.step, r.extra
     except (CheckpointError, UsageError) as e:
         if ckpt is not None:

@@ -323,6 +323,20 @@ def test_a_ram_budget_too_small_and_a_bad_kernel_variable_are_one_line_and_touch
             assert not (tmp_path / folder).exists() or not any((tmp_path / folder).iterdir()), (args, env, folder)
 
 
+def test_a_run_killed_after_its_last_checkpoint_writes_its_results_on_resume(tmp_path):
+    """The last checkpoint was written, the results were not (the process died in between): resuming with
+    the same --steps trains nothing and writes them, as the uninterrupted run did."""
+    ck = tmp_path / "ck"
+    assert run("train", *SMALL, "--checkpoint-dir", ck, "--out", tmp_path / "o").returncode == 0
+    done = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    (tmp_path / "o" / "metrics.json").unlink()
+    r = run("train", *SMALL, "--checkpoint-dir", ck, "--resume", "--out", tmp_path / "o")
+    assert r.returncode == 0 and "the run had reached --steps 6" in r.stdout, r.stderr
+    again = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert (again["final_test_loss"], again["rows"], again["test_curve"]) == \
+        (done["final_test_loss"], done["rows"], done["test_curve"])
+
+
 def test_resume_past_the_end_and_a_damaged_latest_checkpoint(tmp_path):
     ck = tmp_path / "ck"
     assert run("train", "--steps", "40", "--checkpoint-every", "10", "--checkpoint-dir", ck, "--out",

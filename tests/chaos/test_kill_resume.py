@@ -1,0 +1,114 @@
+"""Chaos: a spilling training run SIGKILLed at random points, resumed each time, ends bitwise where an
+uninterrupted run ends; nothing half-written is left.
+
+The run (``growmem train --ram-budget``: rows past the budget spill to a TensorStore cold tier, a
+checkpoint every few steps) is killed at ``KILLS`` moments drawn from a seeded generator (the seed is
+printed: ``GROWMEM_CHAOS_SEED`` replays a failure), spread over the whole run, so kills land during
+spills, during checkpoint writes and between a tier's manifest and its chunks. After each kill the same
+command is run again with ``--resume``; at the end its metrics, its rows (``growmem export``) and every
+cold-tier chunk file equal the uninterrupted run's, and no temporary file or folder remains."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
+KILLS = 20
+RUN = ["--steps", "120", "--batch-size", "32", "--test-size", "64", "--eval-every", "120", "--blocks", "1",
+       "--ram-budget", "1MB", "--checkpoint-every", "3", "--keep", "2"]
+#: names of what an interrupted write leaves behind (Orbax's temporary step folders, growmem's temporaries)
+TEMPORARY = ("tmp", ".part", ".growmem-export-", "write-probe")
+
+
+def _cmd(ck, out, resume):
+    return [*GROWMEM, "train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
+
+
+def _chunks(ck: Path) -> dict:
+    """``{path: bytes}`` of every chunk file of the cold tiers (the manifests name the run, so differ)."""
+    return {str(p.relative_to(ck)): p.read_bytes() for p in sorted((ck / "cold").rglob("*"))
+            if p.is_file() and "/c/" in str(p.relative_to(ck))}
+
+
+def _export(ck: Path, npz: Path) -> dict:
+    r = subprocess.run([*GROWMEM, "export", str(ck), "--npz", str(npz)], env=ENV, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    z = np.load(npz)
+    return {k: z[k] for k in z.files if k != "__description__"}
+
+
+def _latest(ck: Path) -> int:
+    """The newest complete checkpoint step in ``ck`` (Orbax renames a step's folder into place when it is
+    complete), 0 for none."""
+    try:
+        return max((int(p.name) for p in ck.iterdir() if p.name.isdigit()), default=0)
+    except FileNotFoundError:
+        return 0
+
+
+def _watch(proc, ck: Path, kill_after=None):
+    """Poll ``proc`` and ``ck``: ``(killed, times of each new checkpoint since launch, stderr)``;
+    ``kill_after(elapsed, times)`` returns True to SIGKILL it now."""
+    t0, base, times = time.monotonic(), _latest(ck), []
+    while proc.poll() is None:
+        now = time.monotonic() - t0
+        latest = _latest(ck)
+        if latest > base:
+            times.append(now)
+            base = latest
+        if kill_after is not None and kill_after(now, times):
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate()
+            return True, times, ""
+        time.sleep(0.01)
+    return False, times, proc.communicate()[1]
+
+
+def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(tmp_path):
+    seed = int(os.environ.get("GROWMEM_CHAOS_SEED", time.time_ns() % 2 ** 31))
+    print(f"chaos seed {seed} (GROWMEM_CHAOS_SEED={seed} replays it)")
+    rng = np.random.default_rng(seed)
+    ref_proc = subprocess.Popen(_cmd(tmp_path / "ref", tmp_path / "oref", False), env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    _, times, _ = _watch(ref_proc, tmp_path / "ref")
+    assert ref_proc.returncode == 0 and len(times) > 2, times
+    startup, interval = times[0], float(np.median(np.diff(times)))     # one checkpoint's worth of steps
+    ck, out = tmp_path / "ck", tmp_path / "o"
+    kills = []
+    while len(kills) < KILLS:
+        resume = ck.is_dir() and any(ck.iterdir())
+        victim = subprocess.Popen(_cmd(ck, out, resume), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        u = float(rng.uniform())
+        if rng.uniform() < 0.25:        # while it starts: reading the checkpoint and the cold tier back
+            rule = lambda now, t, u=u: now > u * startup
+        else:                           # after one new checkpoint, anywhere in the next interval: a step, a spill,
+            rule = lambda now, t, u=u: bool(t) and (len(t) > 1 or now > t[0] + u * interval)   # or a checkpoint
+        killed, _, err = _watch(victim, ck, rule)
+        if not killed:
+            assert victim.returncode == 0, (seed, kills, err[-2000:])
+            break
+        kills.append((_latest(ck), round(u, 2)))
+    final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, (seed, kills, final.stderr[-2000:])
+    print(f"{len(kills)} kills (checkpoint step before each, share of the wait): {kills}")
+    assert len(kills) >= KILLS, (seed, kills, "the run ended before every kill point: give it more steps")
+    a = json.loads((tmp_path / "oref" / "metrics.json").read_text())
+    b = json.loads((out / "metrics.json").read_text())
+    assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"]), (seed, kills)
+    ra, rb = _export(tmp_path / "ref", tmp_path / "a.npz"), _export(ck, tmp_path / "b.npz")
+    assert ra.keys() == rb.keys() and all(ra[k].tobytes() == rb[k].tobytes() for k in ra), (seed, kills)
+    assert _chunks(tmp_path / "ref") == _chunks(ck), (seed, kills)
+    assert _chunks(ck), "the run never spilled: raise the steps or lower the budget"
+    left = [str(p.relative_to(ck)) for p in ck.rglob("*") if any(t in p.name for t in TEMPORARY)]
+    assert left == [], (seed, kills, left)
