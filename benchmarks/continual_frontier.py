@@ -273,7 +273,8 @@ def plot(payload, out: Path):
             gm = pts[0][1]["growmem"]
             ax.errorbar([b / 1e6 for b, _ in pts], [r["accuracy_mean"] for _, r in pts],
                         yerr=[r["accuracy_std"] for _, r in pts], marker="o" if gm else "s", ms=4, capsize=2,
-                        lw=2 if gm else 1, ls="-" if gm else "--", color=f"C{k % 10}", label=m)
+                        lw=2 if gm else 1, ls="-" if gm else "--",
+                        color=f"C{k}" if len(methods) <= 10 else plt.cm.tab20(k % 20), label=m)
         ax.set_xscale("log")
         ax.set_xlabel("memory budget (MB, peak bytes in use checked)")
         ax.set_ylabel("final accuracy, mean over test experiences")
