@@ -205,7 +205,12 @@ def _tier(args):
                          f"with), or start a new run with it")
     if resuming and not Path(where).exists():
         raise UsageError(f"--resume: the spilled rows of this run are not at {where}; pass the --spill-dir the run used")
-    return Tiered(where, ram_budget_bytes=budget, resume=resuming)
+    # --resume of a run stopped before its first checkpoint starts at step 0: the rows it spilled into its own
+    # checkpoint folder are referred to by no checkpoint, and are replaced (a spill folder elsewhere may be
+    # another run's: it is never overwritten)
+    restart = bool(args.resume and args.checkpoint_dir is not None and not resuming
+                   and Path(where).resolve().is_relative_to(Path(args.checkpoint_dir).resolve()))
+    return Tiered(where, ram_budget_bytes=budget, resume=resuming, overwrite=restart)
 
 
 def _newest_intact(directory, steps) -> Optional[int]:

@@ -136,3 +136,30 @@ def test_a_copied_or_moved_run_folder_is_inspected_and_exported_with_its_own_col
     assert cli.main(["export", str(tmp_path / "moved"), "--npz", str(tmp_path / "b.npz")]) == 0
     za, zb = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
     assert all(za[k].tobytes() == zb[k].tobytes() for k in za.files if k != "__description__")
+
+
+def test_resume_of_a_spilling_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, capsys):
+    """Killed after spilling but before its first checkpoint (the step folders removed stand for that): the
+    rows in its own checkpoint folder's cold tier are referred to by nothing and are replaced; a spill folder
+    outside the checkpoint folder may be another run's and is still refused."""
+    import shutil
+
+    small = ["--batch-size", "32", "--test-size", "64", "--eval-every", "10", "--blocks", "1", "--ram-budget", "1MB"]
+
+    def train(ck, *extra):
+        return cli.main(["train", "--steps", "30", "--out", str(tmp_path / "o"), *small, "--checkpoint-dir", str(ck),
+                         *extra])
+
+    assert train(tmp_path / "ref") == 0
+    ref = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    for name, extra in (("ck", []), ("ck2", ["--spill-dir", str(tmp_path / "elsewhere")])):
+        assert train(tmp_path / name, *extra) == 0
+        for step in (p for p in (tmp_path / name).iterdir() if p.name.isdigit()):
+            shutil.rmtree(step)
+    capsys.readouterr()
+    assert train(tmp_path / "ck", "--resume") == 0
+    assert "starting from step 0" in capsys.readouterr().out
+    again = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert (again["final_test_loss"], again["rows"]) == (ref["final_test_loss"], ref["rows"])
+    _fails(capsys, lambda: train(tmp_path / "ck2", "--resume", "--spill-dir", str(tmp_path / "elsewhere")),
+           "a tier already exists at")
