@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
 KILLS = 20
-RUN = ["--steps", "120", "--batch-size", "32", "--test-size", "64", "--eval-every", "120", "--blocks", "1",
+RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-every", "144", "--blocks", "1",
        "--ram-budget", "1MB", "--checkpoint-every", "3", "--keep", "2"]
 #: names of what an interrupted write leaves behind (Orbax's temporary step folders, growmem's temporaries)
 TEMPORARY = ("tmp", ".part", ".growmem-export-", "write-probe")
