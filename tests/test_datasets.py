@@ -647,9 +647,10 @@ def test_a_mirror_that_never_answers_is_skipped_after_the_timeout(isolated, tmp_
     assert took < 4 * 0.5 + 5, took                 # four files, one timeout each, then the good mirror
     assert "a mirror silent for 0.5 s is skipped" in err
     assert tree(tmp_path / "d") == ["mnist"] + [f"mnist/{f}" for f in sorted(IDX_FILES)]
-    for bad in ("0", "-1", "nan", "soon"):
+    for bad, said in (("0", "must be a number of seconds > 0, got 0"), ("-1", "must be a number of seconds > 0, got -1"),
+                      ("nan", "must be a number of seconds > 0, got nan"), ("soon", "'soon' is not a number")):
         code, _, err = _cli(capsys, "data", "download", "mnist", "--timeout", bad)
-        assert code == 2 and "expected a number of seconds > 0" in err and "Traceback" not in err
+        assert code == 2 and said in err and "Traceback" not in err
 
 
 def test_data_download_resumes_a_broken_transfer_with_a_range_request(isolated, tmp_path, monkeypatch, server,

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..options import _finite
 from . import datasets
 
 
@@ -34,7 +35,8 @@ def add_parser(sub) -> None:
     q.add_argument("--dir", **dirs)
     q.add_argument("--mirror", action="append", default=None, metavar="URL",
                    help="a base URL to fetch from instead of the dataset's mirrors (repeatable)")
-    q.add_argument("--timeout", type=_seconds, default=datasets.TIMEOUT, metavar="SECONDS",
+    q.add_argument("--timeout", type=_finite(0, lo_open=True, what="a number of seconds > 0"),
+                   default=datasets.TIMEOUT, metavar="SECONDS",
                    help=f"give up on a mirror that sends nothing for this long and try the next "
                         f"(default {datasets.TIMEOUT:g})")
     q.set_defaults(func=cmd_download)
@@ -69,19 +71,6 @@ def cmd_list(args) -> int:
         note = "" if r.checksums == "pinned" else f"  [checksums from {r.checksums}]"
         print(f"{r.name:{width}s}  {where}{note}")
     return 0
-
-
-def _seconds(text: str) -> float:
-    import argparse
-    import math
-
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return v
 
 
 def cmd_download(args) -> int:
