@@ -231,6 +231,7 @@ def _spilled(directory) -> bool:
     """Does the latest checkpoint in ``directory`` refer to a cold tier (was the run started with
     --ram-budget)? True when that cannot be read: the resume itself then reports what is wrong."""
     from .checkpoint import Checkpointer
+    from .checkpoint.inspect import _tier_refs
 
     try:
         ck = Checkpointer(directory, keep=None, create=False)
@@ -240,7 +241,7 @@ def _spilled(directory) -> bool:
             ck.close()
     except Exception:          # a damaged checkpoint is the resume's to report, with its own message
         return True
-    return any("tier" in m["backend"] or m["backend"].get("tiers") for m in meta["memories"] + meta.get("stores", []))
+    return any(_tier_refs(m) for m in meta["memories"] + meta.get("stores", []))
 
 
 def _has_checkpoint(directory) -> bool:

@@ -187,7 +187,9 @@ def check_continual(args):
         from growmem.errors import UsageError
         raise UsageError("--methods names every method of the run: give it alone, without --policy or --baselines")
     check_folders("continual", args.checkpoint_dir, args.resume, args.out)
-    if args.stream in ("split_mnist", "permuted_mnist", "rotated_mnist") and not args.download:
+    from .stream_names import MNIST_FAMILY
+
+    if args.stream in MNIST_FAMILY and not args.download:
         # before torch and Avalanche are imported (seconds): the files are found the way the stream finds them
         from growmem.data import datasets, mnist
         from growmem.errors import UsageError

@@ -14,3 +14,5 @@ STREAMS: Dict[str, str] = {
     "drifting_teacher": "embedded drifting teacher: generated inputs, labels from a random network that "
                         "changes abruptly between experiences and gradually within one (no download)",
 }
+#: the streams built from the MNIST files (checked for before torch is imported)
+MNIST_FAMILY = ("split_mnist", "permuted_mnist", "rotated_mnist")

@@ -39,8 +39,7 @@ require_avalanche()
 
 import torch  # noqa: E402
 
-from .stream_names import STREAMS  # noqa: E402,F401  (the names, importable without torch)
-MNIST_FAMILY = ("split_mnist", "permuted_mnist", "rotated_mnist")
+from .stream_names import MNIST_FAMILY, STREAMS  # noqa: E402,F401  (the names, importable without torch)
 DEFAULT_EXPERIENCES = {"split_mnist": 5, "permuted_mnist": 10, "rotated_mnist": 10, "split_cifar10": 5,
                        "split_cifar100": 10}
 #: torchvision's folder for each CIFAR (under the dataset root)
