@@ -161,7 +161,8 @@ class Store:
         The rows are written into the tables in place: a ``jax.Array`` taken from ``store.mem``
         before the call is donated to it and no longer readable (arrays from :meth:`rows`
         stay valid: while they live, the append copies instead)."""
-        k, v, w = np.asarray(k), np.asarray(v), np.asarray(w, np.float32)
+        # float32 before the finite check: a float64 value past float32's range is stored as inf otherwise
+        k, v, w = np.asarray(k, np.float32), np.asarray(v, np.float32), np.asarray(w, np.float32)
         b = k.shape[0] if k.ndim else 0
         want = {"w": (b,), "k": (b, self.d_in), "v": (b, self.d_out)}
         for f, a in (("w", w), ("k", k), ("v", v)):
