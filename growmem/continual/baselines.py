@@ -19,6 +19,11 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
 ``replay_N``     ``Replay`` with a buffer of N samples (``replay_1000``, ``replay_4400``, any N)
 ``replay_bytes`` ``Replay`` with as many samples as the memory budget holds next to the model and
                  its optimizer state (budget-matched replay; needs a budget)
+``gdumb_bytes``  ``GDumb`` with its recipe and as many samples as the memory budget holds next to
+                 the model, its optimizer state and GDumb's copy of the initial model
+                 (budget-matched GDumb; needs a budget). For both ``*_bytes`` methods the recipe's
+                 width is kept where model and state take at most half the budget, else the widest
+                 of 512/256/.../4 units that does (:func:`budget_fixed_bytes`)
 ``er_<policy>:<store>`` online experience replay (:class:`OnlineReplay` on Avalanche's ``Naive``): every
                  mini-batch of 10 stream samples is trained on together with 10 samples drawn from a
                  buffer, then offered to it — ``reservoir`` (uniform over the stream) or
@@ -70,7 +75,8 @@ from avalanche.core import SupervisedPlugin  # noqa: E402
 
 from .methods import ONLINE_REPLAY  # noqa: E402
 
-BASELINES = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint",
+BASELINES = ("naive", "ewc", "lwf", "gdumb", "gdumb_bytes", "replay_1000", "replay_4400", "replay_bytes", "cumulative",
+             "joint",
              *ONLINE_REPLAY)
 _REPLAY = re.compile(r"^replay_(\d+)$")
 _ER = re.compile(r"^er_(reservoir|balanced):(raw|dct|proj)$")
@@ -112,7 +118,8 @@ def check_baseline(name: str) -> str:
 def recipe(name: str, stream_name: str, settings: Optional[dict] = None) -> Dict[str, Any]:
     """The settings ``name`` trains with on ``stream_name``: shared defaults, its recipe, the tuned
     values, then ``settings``."""
-    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else "er" if _ER.match(name) else name
+    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else "er" if _ER.match(name) else \
+        "gdumb" if name == "gdumb_bytes" else name
     out = {**SETTINGS, **RECIPES.get(family, {}), **TUNED.get(stream_name, {}).get(family, {}),
            **TUNED.get(stream_name, {}).get(name, {}), **(settings or {})}
     m = _REPLAY.match(name)
@@ -135,6 +142,29 @@ def replay_capacity(budget_bytes: int, fixed_bytes: int, sample_bytes: int) -> i
         raise ValueError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
                          f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
     return int(n)
+
+
+def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[dict] = None):
+    """``(settings, fixed)`` of a budget-matched method (``replay_bytes``, ``gdumb_bytes``): ``settings`` with
+    the hidden width its model takes at ``budget_bytes``, and the bytes it keeps beside its buffer — the
+    model, its SGD momentum (one buffer per parameter) and GDumb's copy of the initial model. The recipe's
+    width where these take at most half the budget (or the width ``settings`` names), else the widest of
+    :data:`ER_WIDTHS` that does."""
+    from .memory_bytes import module_bytes
+
+    def fixed(s):
+        r = recipe(name, stream.name, s)
+        copies = (2 if r["momentum"] else 1) + (1 if name in ("gdumb", "gdumb_bytes") else 0)
+        return module_bytes(make_model(stream, r)) * copies
+
+    settings = dict(settings or {})
+    if "hidden_size" in settings or fixed(settings) <= int(budget_bytes) // 2:
+        return settings, fixed(settings)
+    for h in ER_WIDTHS:
+        if fixed({**settings, "hidden_size": h}) <= int(budget_bytes) // 2:
+            return {**settings, "hidden_size": h}, fixed({**settings, "hidden_size": h})
+    raise ValueError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {ER_WIDTHS[-1]} hidden "
+                     f"units and its optimizer state in half of it: raise --memory-budget")
 
 
 def is_online_replay(name: str) -> bool:
@@ -387,7 +417,10 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
     if name == "lwf":
         alpha = lwf_alphas(stream.n_experiences) if s["lwf_alpha"] is None else float(s["lwf_alpha"])
         return LwF(alpha=alpha, temperature=s["lwf_temperature"], **common)
-    if name == "gdumb":
+    if name in ("gdumb", "gdumb_bytes"):
+        if "mem_size" not in s:
+            raise ValueError("gdumb_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
+                             "holds beside the model")
         return GDumb(mem_size=int(s["mem_size"]), **common)
     if name == "cumulative":
         return Cumulative(**common)
@@ -419,7 +452,7 @@ def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional
     if _ER.match(name):
         out.update(batch_size_mem=s["batch_size_mem"], buffer=_ER.match(name).group(1),
                    stores=_ER.match(name).group(2))
-    if "mem_size" in s and (name in ("gdumb", "replay_bytes") or _REPLAY.match(name) or _ER.match(name)):
+    if "mem_size" in s and (name in ("gdumb", "gdumb_bytes", "replay_bytes") or _REPLAY.match(name) or _ER.match(name)):
         out["mem_size"] = int(s["mem_size"])
     if name == "ewc":
         out.update(ewc_lambda=s["ewc_lambda"], ewc_mode=s["ewc_mode"])

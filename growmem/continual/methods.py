@@ -11,7 +11,7 @@
                     projections) or ``raw`` pixels
 ``ncm:<keys>``      nearest class mean (:class:`growmem.order_free.NCM`)
 ``slda:<keys>``     streaming linear discriminant analysis (:class:`growmem.order_free.SLDA`)
-Avalanche's         ``naive``, ``ewc``, ``lwf``, ``gdumb``, ``replay_<N>``, ``replay_bytes``,
+Avalanche's         ``naive``, ``ewc``, ``lwf``, ``gdumb``, ``gdumb_bytes``, ``replay_<N>``, ``replay_bytes``,
 strategies          ``cumulative``, ``joint``, online replay ``er_<reservoir|balanced>:<raw|dct|proj>``
                     (:mod:`growmem.continual.baselines`)
 =================== ==========================================================================
@@ -37,7 +37,8 @@ STREAM_DEFAULTS = {"split_mnist": "target:dct", "permuted_mnist": "target:subspa
                    "rotated_mnist": "target:subspaces"}
 DEFAULT_NET = "net:continual_growmem"
 #: the Avalanche strategies (see growmem.continual.baselines; replay_<N> for any N)
-AVALANCHE = ("naive", "ewc", "lwf", "gdumb", "replay_1000", "replay_4400", "replay_bytes", "cumulative", "joint")
+AVALANCHE = ("naive", "ewc", "lwf", "gdumb", "gdumb_bytes", "replay_1000", "replay_4400", "replay_bytes", "cumulative",
+             "joint")
 #: online experience replay (growmem.continual.baselines.OnlineReplay): er_<buffer policy>:<what it stores>
 #: what a baseline stores, by name: the target preset whose fixed key space it shares with growmem
 #: (``dct``: target_dct's DCT codes; ``proj``: target_proj_merge's random projections), or None for raw pixels
@@ -55,6 +56,7 @@ _AVALANCHE_NAMES = {
     "lwf": "Avalanche LwF: an MLP with learning without forgetting (distillation)",
     "gdumb": "Avalanche GDumb: a class-balanced buffer, an MLP retrained from scratch on it (its authors' recipe)",
     "replay_bytes": "Avalanche Replay with as many stored samples as the memory budget holds",
+    "gdumb_bytes": "Avalanche GDumb (its authors' recipe) with as many stored samples as the memory budget holds",
     "cumulative": "Avalanche Cumulative: an MLP retrained on every sample seen so far",
     "joint": "Avalanche JointTraining: an MLP trained on the whole stream at once (offline upper bound)",
 }
@@ -141,7 +143,8 @@ def resolve(name: str, stream: str = "", growmem: Optional[str] = None) -> Metho
         return Method(name=name, kind="avalanche", family="replay",
                       description=f"Avalanche Replay with a buffer of {_REPLAY.match(name).group(1)} samples")
     if name in AVALANCHE:
-        return Method(name=name, kind="avalanche", family="replay" if name == "replay_bytes" else name,
+        family = {"replay_bytes": "replay", "gdumb_bytes": "gdumb"}.get(name, name)
+        return Method(name=name, kind="avalanche", family=family,
                       description=_AVALANCHE_NAMES[name])
     raise unknown("method", name, valid_methods())
 

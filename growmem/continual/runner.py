@@ -331,8 +331,9 @@ def sample_bytes_of(stream: Stream, replay_dtype: str) -> Optional[int]:
 
 
 def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
-    """``settings`` plus, for ``replay_bytes``, the buffer the budget holds beside the recipe's model and its
-    SGD state (one momentum buffer per parameter) at ``sample_bytes`` a sample."""
+    """``settings`` plus, for ``replay_bytes`` and ``gdumb_bytes``, the buffer the budget holds beside the
+    model and its state (:func:`baselines.budget_fixed_bytes`) at ``sample_bytes`` a sample; for online
+    replay the same beside its one-hidden-layer MLP."""
     if B.is_online_replay(method.name):
         if budget is None:
             raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is "
@@ -345,13 +346,12 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
         per = B.OnlineReplay.sample_bytes(stream.input_size, codes, stream.task_incremental) \
             if codes is not None or sample_bytes is not None else 4 * stream.input_size + 8
         return {**s, "mem_size": B.replay_capacity(budget, fixed, per)}
-    if method.name != "replay_bytes":
+    if method.name not in ("replay_bytes", "gdumb_bytes"):
         return settings
     if budget is None:
-        raise ValueError("replay_bytes needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
-                         "the budget holds beside the model")
-    s = B.recipe(method.name, stream.name, settings)
-    fixed = module_bytes(B.make_model(stream, s)) * (2 if s["momentum"] else 1)
+        raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
+                         f"the budget holds beside the model")
+    settings, fixed = B.budget_fixed_bytes(method.name, stream, budget, settings)
     per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
                                                                                     else 1)
     return {**settings, "mem_size": B.replay_capacity(budget, fixed, per)}
