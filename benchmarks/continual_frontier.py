@@ -1,8 +1,13 @@
-"""The accuracy-against-bytes frontier: every method at budgets that force a choice, online.
+"""The accuracy-against-bytes frontier: every method at budgets that force a choice, online and offline.
 
-**Protocol: online** (the standard online continual-learning protocol): each stream sample is seen
-once, in mini-batches of 10; a replay method rehearses 10 samples from its buffer at every step. Every
-method is bounded by the same budget (``--budgets``, peak bytes in use checked: ``within_budget``), and
+**Protocol: online** (the main one, the standard online continual-learning protocol): each stream sample
+is seen once, in mini-batches of 10; a replay method rehearses 10 samples from its buffer at every step.
+**Protocol: offline** (``--protocol offline``, beside it): a baseline trains for several epochs on each
+experience — ``replay_bytes`` (Avalanche's Replay, its epochs chosen on the validation split with
+``--tune --protocol offline``) and ``gdumb_bytes`` (GDumb's recipe: an MLP retrained from scratch on its
+class-balanced buffer, 128 epochs); growmem's target memories and kNN are order-free and keep each sample
+once (a second pass would store it twice), so their offline run is their preset's own batch, one pass.
+Every method is bounded by the same budget (``--budgets``, peak bytes in use checked: ``within_budget``), and
 is evaluated on the whole test stream after each experience (Avalanche's accuracy matrix); the number
 reported is the final accuracy, the mean over the test experiences.
 
@@ -48,6 +53,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist")
 PROTOCOL = "online"
+PROTOCOLS = ("online", "offline")
 #: the online protocol's mini-batch (stream samples a step)
 ONLINE_BATCH = 10
 GROWMEM_FAMILIES = ("target", "net")
@@ -61,6 +67,13 @@ METHODS = {
     "permuted_mnist": ("target:proj_merge", "knn:proj", "ncm:proj", "slda:proj", "er_balanced:proj") + _IMAGE,
 }
 METHODS["rotated_mnist"] = METHODS["permuted_mnist"]
+#: the offline protocol's methods: the best growmem learner and kNN (one pass, order-free) against the
+#: budget-matched offline baselines (their model narrowed to half the budget where the recipe's does not fit)
+OFFLINE_METHODS = {
+    "split_mnist": ("target:dct_merge", "knn:dct", "replay_bytes", "gdumb_bytes"),
+    "permuted_mnist": ("target:proj_merge", "knn:proj", "replay_bytes", "gdumb_bytes"),
+}
+OFFLINE_METHODS["rotated_mnist"] = OFFLINE_METHODS["permuted_mnist"]
 #: (variant, overrides of target:dct_merge): one policy changed at a time; "full" is the method's own runs
 #: at the same budget and seeds (the frontier's), run here only where they are missing
 ABLATION = (
@@ -108,6 +121,11 @@ TUNE_GRID = {
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
 }
+#: the offline protocol's validation grid: replay's epochs per experience (its recipe's default, 2 on
+#: Split-MNIST and 1 on the domain-incremental streams, inside or at the lower edge)
+OFFLINE_TUNE_GRID = {
+    "replay_bytes": lambda b, s: [{"epochs": e} for e in (1, 3, 10)],
+}
 
 PRESETS = {
     "smoke": dict(seeds=[1, 2], budgets=["0.2MB", "0.5MB"], ablation_budgets=["0.2MB"],
@@ -116,7 +134,11 @@ PRESETS = {
                            "rotated_mnist": dict(n_experiences=2, train_limit=300, test_limit=200)},
                   methods={"split_mnist": ("target:dct_merge", "knn:dct", "er_balanced:raw", "er_balanced:dct"),
                            "permuted_mnist": ("target:proj_merge", "er_balanced:raw"),
-                           "rotated_mnist": ("target:proj_merge", "er_balanced:raw")}),
+                           "rotated_mnist": ("target:proj_merge", "er_balanced:raw")},
+                  offline_methods={"split_mnist": ("target:dct_merge", "replay_bytes", "gdumb_bytes"),
+                                   "permuted_mnist": ("target:proj_merge", "replay_bytes"),
+                                   "rotated_mnist": ("target:proj_merge", "replay_bytes")},
+                  settings={"gdumb_bytes": {"epochs": 2}}),      # GDumb's 128 epochs take minutes
     # Permuted- and Rotated-MNIST: 10 experiences of the same 6,000 training images (a tenth of MNIST: 60,000
     # online samples in all, as Split-MNIST; 10 x 60,000 does not fit a session of 2 cores beside it), each
     # evaluated on 2,000 test images; the paper preset runs the whole of MNIST in every experience
@@ -125,9 +147,10 @@ PRESETS = {
                 streams={"split_mnist": {},
                          "permuted_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000},
                          "rotated_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000}},
-                methods=METHODS),
+                methods=METHODS, offline_methods=OFFLINE_METHODS),
     "paper": dict(seeds=[1, 2, 3, 4, 5], budgets=["0.1MB", "0.3MB", "1MB", "3MB", "15.7MB"],
-                  ablation_budgets=["0.3MB", "1MB"], streams={s: {} for s in STREAMS}, methods=METHODS),
+                  ablation_budgets=["0.3MB", "1MB"], streams={s: {} for s in STREAMS}, methods=METHODS,
+                  offline_methods=OFFLINE_METHODS),
 }
 
 
@@ -149,19 +172,23 @@ def online_settings(method: str, stream: str) -> dict:
 
 
 def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None, label=None, progress=False,
-            settings=None, split="test"):
-    """Runs of ``method`` on ``stream`` at ``budget`` (bytes), online, tagged with the budget and protocol;
-    ``settings``: the method's (tuned) settings; ``split="validation"`` for tuning."""
+            settings=None, split="test", protocol=PROTOCOL):
+    """Runs of ``method`` on ``stream`` at ``budget`` (bytes) under ``protocol`` (module docstring), tagged
+    with the budget and protocol; ``settings``: the method's (tuned) settings; ``split="validation"`` for
+    tuning."""
     from growmem.continual.runner import run_continual
 
-    settings = {**online_settings(method, stream), **(settings or {})}
+    if protocol not in PROTOCOLS:
+        raise SystemExit(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    online = protocol == "online"
+    settings = {**(online_settings(method, stream) if online else {}), **(settings or {})}
     if overrides:
         settings["overrides"] = {**settings.get("overrides", {}), **dict(overrides)}
-    doc = run_continual(stream, [method], seeds, budget, online=True, stream_options=options, data_dir=data_dir,
+    doc = run_continual(stream, [method], seeds, budget, online=online, stream_options=options, data_dir=data_dir,
                         method_settings={method: settings}, progress=progress, verbose=False, split=split)
     out = []
     for r in doc["runs"]:
-        r = dict(r, budget=int(budget), protocol=PROTOCOL, method=label or r["method"], base_method=method)
+        r = dict(r, budget=int(budget), protocol=protocol, method=label or r["method"], base_method=method)
         r.pop("accuracy_matrix_raw", None)
         out.append(r)
     return out
@@ -204,12 +231,49 @@ def _best_against_best(first: dict, second: dict, compare) -> dict:
 
 
 def summarise(runs, ablation_runs):
-    """``(summary, verdicts, ablation, network_verdicts)`` of the runs (module docstring): ``network_verdicts``
-    is the best growing network (``net:*``) against the best online replay of raw images (``er_*:raw``)."""
+    """``(summary, verdicts, ablation, network_verdicts, offline)`` of the runs (module docstring): the first
+    two and ``network_verdicts`` (the best growing network, ``net:*``, against the best online replay of raw
+    images, ``er_*:raw``) of the online runs; ``offline``: ``{"summary", "verdicts"}`` of the offline runs
+    (empty without them)."""
+    from growmem.reporting import compare, mean_std
+
+    summary, verdicts, network_verdicts = _by_stream_and_budget([r for r in runs if _protocol(r) == "online"])
+    off_summary, off_verdicts, _ = _by_stream_and_budget([r for r in runs if _protocol(r) == "offline"])
+    offline = {"summary": off_summary, "verdicts": off_verdicts} if off_summary else {}
+    ablation = {}
+    for stream in dict.fromkeys(r["stream"] for r in ablation_runs):
+        for budget in sorted({r["budget"] for r in ablation_runs if r["stream"] == stream}):
+            here = [r for r in ablation_runs if r["stream"] == stream and r["budget"] == budget]
+            if not any(r["method"] == "full" for r in here):      # the method's own runs at this budget
+                here = [dict(r, method="full") for r in runs if (r["stream"], r["method"], r["budget"], _protocol(r))
+                        == (stream, ABLATED, budget, "online")] + here
+            by = {v: {r["seed"]: _acc(r) for r in here if r["method"] == v} for v in dict.fromkeys(r["method"] for r in here)}
+            full = by.get("full", {})
+            rows = {}
+            for v, vals in by.items():
+                seeds = sorted(vals)
+                ms = mean_std([vals[s] for s in seeds])
+                row = {"accuracy_mean": ms["mean"], "accuracy_std": ms["std"], "seeds": seeds,
+                       "bytes_peak": max(r["summary"]["bytes_in_use_peak"] for r in here if r["method"] == v)}
+                common = sorted(set(seeds) & set(full))
+                if v != "full" and common:
+                    row["vs_full"] = compare([vals[s] for s in common], [full[s] for s in common], paired=True)
+                    row["difference_vs_full"] = sum(vals[s] - full[s] for s in common) / len(common)
+                rows[v] = row
+            ablation.setdefault(stream, {})[str(budget)] = rows
+    return summary, verdicts, ablation, network_verdicts, offline
+
+
+def _protocol(run) -> str:
+    return run.get("protocol", PROTOCOL)
+
+
+def _by_stream_and_budget(runs):
+    """``(summary, verdicts, network_verdicts)`` of runs of one protocol."""
     from growmem.continual.methods import resolve
     from growmem.reporting import compare, mean_std
 
-    summary, verdicts, ablation, network_verdicts = {}, {}, {}, {}
+    summary, verdicts, network_verdicts = {}, {}, {}
     for stream in dict.fromkeys(r["stream"] for r in runs):
         for budget in sorted({r["budget"] for r in runs if r["stream"] == stream}):
             rows = {}
@@ -234,39 +298,26 @@ def summarise(runs, ablation_runs):
             raw_replay = {m: r for m, r in other.items() if m.startswith("er_") and m.endswith(":raw")}
             if nets and raw_replay:
                 network_verdicts.setdefault(stream, {})[str(budget)] = _best_against_best(nets, raw_replay, compare)
-    for stream in dict.fromkeys(r["stream"] for r in ablation_runs):
-        for budget in sorted({r["budget"] for r in ablation_runs if r["stream"] == stream}):
-            here = [r for r in ablation_runs if r["stream"] == stream and r["budget"] == budget]
-            if not any(r["method"] == "full" for r in here):      # the method's own runs at this budget
-                here = [dict(r, method="full") for r in runs if (r["stream"], r["method"], r["budget"]) ==
-                        (stream, ABLATED, budget)] + here
-            by = {v: {r["seed"]: _acc(r) for r in here if r["method"] == v} for v in dict.fromkeys(r["method"] for r in here)}
-            full = by.get("full", {})
-            rows = {}
-            for v, vals in by.items():
-                seeds = sorted(vals)
-                ms = mean_std([vals[s] for s in seeds])
-                row = {"accuracy_mean": ms["mean"], "accuracy_std": ms["std"], "seeds": seeds,
-                       "bytes_peak": max(r["summary"]["bytes_in_use_peak"] for r in here if r["method"] == v)}
-                common = sorted(set(seeds) & set(full))
-                if v != "full" and common:
-                    row["vs_full"] = compare([vals[s] for s in common], [full[s] for s in common], paired=True)
-                    row["difference_vs_full"] = sum(vals[s] - full[s] for s in common) / len(common)
-                rows[v] = row
-            ablation.setdefault(stream, {})[str(budget)] = rows
-    return summary, verdicts, ablation, network_verdicts
+    return summary, verdicts, network_verdicts
 
 
 def plot(payload, out: Path):
     """``continual_frontier.png``: final accuracy against the budget (log x), one line per method (mean ±
-    std over seeds), one panel per stream."""
+    std over seeds), one panel per stream and protocol (a row each)."""
     from growmem.reporting import pyplot, save_figure
 
     plt = pyplot()
-    streams = list(payload["summary"])
-    fig, axes = plt.subplots(1, max(1, len(streams)), figsize=(6.5 * max(1, len(streams)), 5), squeeze=False)
-    for ax, stream in zip(axes[0], streams):
-        by_budget = payload["summary"][stream]
+    parts = [(PROTOCOL, payload["summary"])] + ([("offline", payload["offline"]["summary"])]
+                                                if payload.get("offline") else [])
+    streams = list(dict.fromkeys(st for _, summ in parts for st in summ))
+    fig, axes = plt.subplots(len(parts), max(1, len(streams)), figsize=(6.5 * max(1, len(streams)), 5 * len(parts)),
+                             squeeze=False)
+    for (protocol, summ), stream, ax in ((p, st, axes[i][j]) for i, p in enumerate(parts)
+                                        for j, st in enumerate(streams)):
+        if stream not in summ:
+            ax.set_axis_off()
+            continue
+        by_budget = summ[stream]
         methods = list(dict.fromkeys(m for rows in by_budget.values() for m in rows))
         for k, m in enumerate(methods):
             pts = sorted((int(b), rows[m]) for b, rows in by_budget.items() if m in rows)
@@ -278,7 +329,8 @@ def plot(payload, out: Path):
         ax.set_xscale("log")
         ax.set_xlabel("memory budget (MB, peak bytes in use checked)")
         ax.set_ylabel("final accuracy, mean over test experiences")
-        ax.set_title(f"{stream}, {PROTOCOL} (batch {ONLINE_BATCH}, one pass)")
+        ax.set_title(f"{stream}, {protocol}" + (f" (batch {ONLINE_BATCH}, one pass)" if protocol == "online" else
+                                                " (epochs per experience)"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
@@ -322,7 +374,7 @@ def tune(args, cfg, streams, seeds, budgets):
     t0 = time.perf_counter()
     for stream in streams:
         for b in budgets:
-            for m, grid in TUNE_GRID.items():
+            for m, grid in (TUNE_GRID if args.protocol == "online" else OFFLINE_TUNE_GRID).items():
                 if args.methods and m not in _csv(args.methods):
                     continue
                 results = []
@@ -335,7 +387,7 @@ def tune(args, cfg, streams, seeds, budgets):
                         continue
                     try:
                         r = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, settings=point,
-                                    split="validation")[0]
+                                    split="validation", protocol=args.protocol)[0]
                     except ValueError as e:
                         results.append({"settings": point, "accuracy": None, "why": str(e)})
                         continue
@@ -348,7 +400,7 @@ def tune(args, cfg, streams, seeds, budgets):
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = {
                     "results": results, "chosen": None if best is None else results[best]["settings"],
                     "on_edge": None if best is None else on_edge([r["settings"] for r in results], best),
-                    "seed": seeds[0]}
+                    "seed": seeds[0], "protocol": args.protocol}
     doc["invocations"].append({"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                                "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())})
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
@@ -370,8 +422,11 @@ def main(argv=None):
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: the preset's)")
     ap.add_argument("--ablation", action="store_true", help=f"run the ablation of {ABLATED} (at the ablation budgets "
                                                              f"unless --budgets) instead of the methods")
-    ap.add_argument("--tune", action="store_true", help="choose the settings of the methods of TUNE_GRID on the validation "
-                                                         "split (first seed) at every budget, into continual_frontier_tune.json")
+    ap.add_argument("--protocol", choices=PROTOCOLS, default=PROTOCOL,
+                    help="online (the main table: one pass, batches of 10) or offline (epochs per experience)")
+    ap.add_argument("--tune", action="store_true", help="choose the settings of the methods of TUNE_GRID (OFFLINE_TUNE_GRID "
+                                                         "with --protocol offline) on the validation split (first seed) at "
+                                                         "every budget, into continual_frontier_tune.json")
     ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
     ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
                     help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise")
@@ -409,13 +464,16 @@ def main(argv=None):
                 have = {r["seed"] for r in old_runs if (r["stream"], r["method"], r["budget"]) == (stream, ABLATED, b)}
                 units += [(stream, b, ABLATED, v, o) for v, o in ABLATION if v != "full" or not set(seeds) <= have]
         else:
-            methods = _csv(args.methods) if args.methods else list(cfg["methods"][stream])
+            methods = _csv(args.methods) if args.methods else \
+                list(cfg["methods" if args.protocol == "online" else "offline_methods"][stream])
             units += [(stream, b, m, None, None) for b in budgets for m in methods]
     for i, (stream, b, m, variant, over) in enumerate(units):
         t = time.perf_counter()
         try:
             runs = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, overrides=over,
-                           label=variant, settings=tuned.get(stream, {}).get(str(b), {}).get(m))
+                           label=variant, settings={**cfg.get("settings", {}).get(m, {}),
+                                                    **(tuned.get(stream, {}).get(str(b), {}).get(m) or {})},
+                           protocol=PROTOCOL if variant else args.protocol)
         except ValueError as e:               # e.g. a model alone larger than the budget: said, not hidden
             skipped.append({"stream": stream, "method": variant or m, "budget": b, "why": str(e)})
             print(f"[{i + 1}/{len(units)}] {stream} {variant or m} at {b / 1e6:g} MB: not run ({e})", file=sys.stderr)
@@ -433,7 +491,7 @@ def main(argv=None):
            "invocations": old.get("invocations", []) + combined["invocations"]}
     runs = merge_runs(old["runs"], new)
     ablation_runs = merge_runs(old["ablation_runs"], new_ablation)
-    summary, verdicts, ablation, network_verdicts = summarise(runs, ablation_runs)
+    summary, verdicts, ablation, network_verdicts, offline = summarise(runs, ablation_runs)
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
                   "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": skipped}
@@ -442,18 +500,24 @@ def main(argv=None):
     payload = {"benchmark": "continual_frontier", "preset": args.preset, "protocol": PROTOCOL,
                "config": {"online_batch": ONLINE_BATCH, "streams": cfg["streams"], "rule": RULE,
                           "methods": {s: list(m) for s, m in cfg["methods"].items()},
+                          "offline_methods": {s: list(m) for s, m in cfg["offline_methods"].items()},
                           "ablation": [[v, o] for v, o in ABLATION], "ablated": ABLATED,
                           "anchors": list(ANCHORS)},
                "summary": summary, "verdicts": verdicts, "network_verdicts": network_verdicts, "ablation": ablation,
                "invocations": unique_invocations(old["invocations"] + [invocation]), "runs": runs,
                "ablation_runs": ablation_runs}
+    if offline:
+        payload["offline"] = offline
     out = write_json(path, payload)
     plot(payload, args.out)
 
-    for stream, by_budget in summary.items():
-        print(f"\n{stream}, {PROTOCOL} (batch {ONLINE_BATCH}): final accuracy, mean ± std over seeds")
+    parts = [(f"{PROTOCOL} (batch {ONLINE_BATCH})", summary, verdicts)] + \
+        ([("offline (epochs per experience)", offline["summary"], offline["verdicts"])] if offline else [])
+    for (protocol, summ, calls), stream in ((p, st) for p in parts for st in p[1]):
+        by_budget = summ[stream]
+        print(f"\n{stream}, {protocol}: final accuracy, mean ± std over seeds")
         for b, rows in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
-            v = verdicts.get(stream, {}).get(b)
+            v = calls.get(stream, {}).get(b)
             print(f"  {int(b) / 1e6:g} MB" + (f" — {v['growmem']} vs {v['other']}: {v['difference']:+.4f} ({v['verdict']})"
                                               if v else ""))
             for m, r in sorted(rows.items(), key=lambda kv: -kv[1]["accuracy_mean"]):

@@ -212,12 +212,10 @@ def _mean_sd(r) -> str:
     return f"{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} ({n})" if n > 1 else f"{r['accuracy_mean']:.4f} (1)"
 
 
-@renderer("continual_frontier", "continual_frontier.json")
-def render_continual_frontier(doc) -> str:
-    """Per stream: every method's final accuracy (mean ± std over seeds, n) at every budget, the verdict
-    of the best growmem method against the best other one, and the ablation."""
+def _frontier_tables(summary, verdicts, doc, protocol) -> str:
+    """One table per stream of a frontier protocol: every method at every budget, then the verdict row."""
     out = ""
-    for st, by_budget in doc["summary"].items():
+    for st, by_budget in summary.items():
         budgets = sorted(by_budget, key=int)
         methods = list(dict.fromkeys(m for b in budgets for m in by_budget[b]))
         methods.sort(key=lambda m: (not any(by_budget[b][m]["growmem"] for b in budgets if m in by_budget[b]), m))
@@ -230,15 +228,28 @@ def render_continual_frontier(doc) -> str:
             gm = any(by_budget[b][m]["growmem"] for b in budgets if m in by_budget[b])
             rows.append([f"**`{m}`**" if gm else f"`{m}`"] + cells)
         verdict = []
-        calls = doc["verdicts"][st] if st in doc["verdicts"] else {}
+        calls = verdicts[st] if st in verdicts else {}
         for b in budgets:
             v = calls[b] if b in calls else None
             verdict.append("–" if v is None else f"`{v['growmem']}` vs `{v['other']}`: {v['difference']:+.4f}, "
                                                   f"**{v['verdict']}** ({len(v['seeds'])} seeds)")
         rows.append(["best growmem vs best other"] + verdict)
-        out += (f"\n**{st}**, {doc['protocol']} (batches of {doc['config']['online_batch']}, one pass; final accuracy, "
-                f"mean ± std (seeds); growmem's methods in bold; {doc['config']['rule']})\n\n")
+        out += (f"\n**{st}**, {protocol}; final accuracy, mean ± std (seeds); growmem's methods in bold; "
+                f"{doc['config']['rule']})\n\n")
         out += table(["method"] + [f"{mb(int(b))} MB" for b in budgets], rows)
+    return out
+
+
+@renderer("continual_frontier", "continual_frontier.json")
+def render_continual_frontier(doc) -> str:
+    """Per stream: every method's final accuracy (mean ± std over seeds, n) at every budget, the verdict
+    of the best growmem method against the best other one, and the ablation."""
+    out = _frontier_tables(doc["summary"], doc["verdicts"], doc,
+                           f"{doc['protocol']} (batches of {doc['config']['online_batch']}, one pass")
+    if doc.get("offline"):
+        out += _frontier_tables(doc["offline"]["summary"], doc["offline"]["verdicts"], doc,
+                                "offline (epochs per experience: `replay_bytes` chosen on validation, `gdumb_bytes` "
+                                "its recipe's 128; growmem and kNN one pass")
     if doc["network_verdicts"]:
         out += ("\n**The growing network against online replay of raw images** (the best `net:*` method against "
                 "the best `er_*:raw`, paired by seed)\n\n") + render_frontier_networks(doc)
@@ -301,13 +312,16 @@ def render_frontier_networks(doc) -> str:
 def render_frontier_findings(doc) -> str:
     """The README's frontier: per stream and budget, the best growmem method against the best other one."""
     rows = []
-    for st, by_budget in doc["verdicts"].items():
-        for b, v in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
-            g, o = doc["summary"][st][b][v["growmem"]], doc["summary"][st][b][v["other"]]
-            said = {"better": "growmem higher", "worse": "growmem lower", "tie": "a tie",
-                    "untested": "untested (one seed)"}[v["verdict"]]
-            rows.append([f"{st}, {doc['protocol']}, {mb(int(b))} MB", f"`{v['growmem']}` {_mean_sd(g)}",
-                         f"`{v['other']}` {_mean_sd(o)}", said])
+    parts = [(doc["protocol"], doc["summary"], doc["verdicts"])] + \
+        ([("offline", doc["offline"]["summary"], doc["offline"]["verdicts"])] if doc.get("offline") else [])
+    for protocol, summary, verdicts in parts:
+        for st, by_budget in verdicts.items():
+            for b, v in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+                g, o = summary[st][b][v["growmem"]], summary[st][b][v["other"]]
+                said = {"better": "growmem higher", "worse": "growmem lower", "tie": "a tie",
+                        "untested": "untested (one seed)"}[v["verdict"]]
+                rows.append([f"{st}, {protocol}, {mb(int(b))} MB", f"`{v['growmem']}` {_mean_sd(g)}",
+                             f"`{v['other']}` {_mean_sd(o)}", said])
     return table(["stream, protocol, budget", "best growmem method", "best other method", "paired t-test at 95 %"], rows)
 
 

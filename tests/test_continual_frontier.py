@@ -115,6 +115,39 @@ def test_the_budget_sizes_the_width_and_the_buffer_and_names_say_what_is_stored(
     assert s["hidden_size"] == 128 and s["mem_size"] == (1_000_000 - model) // 785
 
 
+def test_budget_matched_replay_and_gdumb_narrow_their_model_to_half_the_budget():
+    """replay_bytes / gdumb_bytes keep the recipe's width where model and state fit half the budget, else the
+    widest of 512, 256, ... that does; the buffer is the rest (sizes by hand: SimpleMLP 784-h-h-10 with
+    biases and SGD momentum; GDumbMLP 784-h-h-10 bias-free with batch norm, momentum and GDumb's init copy)."""
+    from growmem.continual.runner import baseline_settings_for
+    stream = SimpleNamespace(name="split_mnist", input_size=784, n_classes=10, task_incremental=False)
+
+    def simple(h):
+        return 2 * 4 * (784 * h + h + h * h + h + 10 * h + 10)
+
+    def gdumb(h):
+        bn = lambda n: 4 * 4 * n + 8                     # weight, bias, running mean and variance; the step count
+        return 3 * (4 * (784 * h + h * h + 10 * h) + 2 * bn(h) + bn(10))
+
+    assert simple(400) <= 7_850_000 and simple(128) > 500_000 >= simple(64)
+    s = baseline_settings_for(methods.resolve("replay_bytes"), stream, {}, 15_700_000, 785)
+    assert "hidden_size" not in s and s["mem_size"] == (15_700_000 - simple(400)) // 785   # the recipe, as before
+    s = baseline_settings_for(methods.resolve("replay_bytes"), stream, {}, 1_000_000, 785)
+    assert s["hidden_size"] == 64 and s["mem_size"] == (1_000_000 - simple(64)) // 785
+    assert gdumb(64) > 500_000 >= gdumb(32)
+    m = methods.resolve("gdumb_bytes")
+    assert (m.kind, m.family) == ("avalanche", "gdumb") and "budget" in m.description
+    s = baseline_settings_for(m, stream, {}, 1_000_000, 785)
+    assert s["hidden_size"] == 32 and s["mem_size"] == (1_000_000 - gdumb(32)) // 785
+    assert B.recipe("gdumb_bytes", "split_mnist")["epochs"] == B.recipe("gdumb", "split_mnist")["epochs"] == 128
+    s = baseline_settings_for(m, stream, {"hidden_size": 16}, 1_000_000, 785)    # a width asked for is kept
+    assert s["hidden_size"] == 16 and s["mem_size"] == (1_000_000 - gdumb(16)) // 785
+    with pytest.raises(ValueError, match="gdumb_bytes needs a memory budget"):
+        baseline_settings_for(m, stream, {}, None, 785)
+    with pytest.raises(ValueError, match="raise --memory-budget"):
+        baseline_settings_for(m, stream, {}, 20_000, 785)
+
+
 def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke",
            "--streams", "split_mnist", "--methods", "target:dct_merge,er_balanced:dct", "--budgets", "0.2MB"]
@@ -154,6 +187,31 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     again = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
     assert [i["command"] for i in again["invocations"][:3]] == [i["command"] for i in both["invocations"]]
     assert len(again["invocations"]) == 4 and again["summary"] == both["summary"]
+    # the offline protocol merged beside the online runs: its own table and verdicts, the online ones untouched
+    off = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
+           "split_mnist", "--protocol", "offline", "--budgets", "0.2MB", "--seeds", "3", "--merge",
+           "--out", str(tmp_path / "b")]
+    before = json.loads((tmp_path / "b" / "continual_frontier.json").read_text())
+    proc = subprocess.run(off, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "b" / "continual_frontier.json").read_text())
+    assert doc["summary"] == before["summary"] and doc["verdicts"] == before["verdicts"]
+    rows = doc["offline"]["summary"]["split_mnist"]["200000"]
+    assert set(rows) == {"target:dct_merge", "replay_bytes", "gdumb_bytes"}
+    assert all(r["within_budget"] and 0 < r["bytes_peak"] <= 200_000 for r in rows.values())
+    assert doc["offline"]["verdicts"]["split_mnist"]["200000"]["verdict"] == "untested"      # one seed
+    runs = {r["method"]: r for r in doc["runs"] if r["protocol"] == "offline"}
+    g = runs["gdumb_bytes"]["config"]
+    assert (g["epochs"], g["model"], g["mem_size"]) == (2, "GDumbMLP(8, batch norm)", (200_000 - 3 * 26_104) // 785)
+    assert runs["target:dct_merge"]["config"]["batch_size"] == 32       # the preset's own batch, not the online 10
+    online_target = [r for r in doc["runs"] if r["protocol"] == "online" and r["method"] == "target:dct_merge"]
+    assert len(online_target) == 1 and online_target[0]["config"]["batch_size"] == 10
+    assert "offline (batch" not in proc.stdout and "split_mnist, offline (epochs per experience)" in proc.stdout
+    sys.path.insert(0, str(ROOT / "docs"))
+    import render
+    text = render.render_continual_frontier(doc)
+    assert text.count("**split_mnist**, online") == 1 and text.count("**split_mnist**, offline") == 1
+    assert "`gdumb_bytes`" in text and "split_mnist, offline, 0.20 MB" in render.render_frontier_findings(doc)
 
 
 def test_proj_baselines_store_the_target_proj_merge_presets_keys():
