@@ -580,9 +580,9 @@ def load(name_or_path, overrides: Optional[Mapping[str, Any]] = None) -> Union[P
         raise ConfigError(f"{path}: key 'replay.samples' is missing; allowed: {REPLAY['samples'].allowed}")
     first = "block" if model.get("n_blocks", 0) else "readout"      # the layer SelfReplay draws from
     if replay.get("samples") and not any(dict(p).get("layer") in (None, first) and (
-            n == "labels" or (n == "capacity" and dict(p).get("on_full") == "evict_balanced")) for n, p in entries):
+            n == "labels" or (n == "capacity" and dict(p).get("on_full") in ("evict_balanced", "merge"))) for n, p in entries):
         raise ConfigError(f"{path}: key 'replay' needs the rows' labels; allowed: add a [[policy]] with name = "
-                          f"'labels' (or a capacity with on_full = 'evict_balanced')")
+                          f"'labels' (or a capacity with on_full = 'evict_balanced' or 'merge')")
     if hybrid and not hybrid_layers:
         raise ConfigError(f"{path}: key 'hybrid' configures an optimizer but no layer sets hybrid = true; "
                           f"allowed: add 'hybrid = true' to [layer] or remove [hybrid]")

@@ -81,7 +81,7 @@ from . import backends, kernels
 from . import memory as memlib
 from .rules import Rows as _Rows
 
-ON_FULL = ("reject", "evict_oldest", "evict_smallest", "evict_balanced")
+ON_FULL = ("reject", "evict_oldest", "evict_smallest", "evict_balanced", "merge")
 #: rows per chunk of the novelty search (:func:`growmem.kernels.min_sq_distance`)
 NOVELTY_CHUNK = kernels.NOVELTY_CHUNK
 
@@ -579,6 +579,10 @@ def capacity(max_rows: int, on_full: str = "reject", n_classes: int = 127) -> Po
                          holding the most rows (each row's class is kept, as :func:`labels`
                          keeps it, for up to ``n_classes`` classes): a class-balanced memory
                          that forgets no class first
+      ``merge``          the rows ``evict_balanced`` picks are not thrown away: each is folded into
+                         the nearest staying row of its class (:func:`absorb`: weighted means of
+                         key and value, weights added), so a full memory's rows become
+                         prototypes of what it saw; a row whose class has no other row leaves
 
     Evicting modes rank the rows in use (a sort of C scores) and then move only the rows that
     change: the candidates take the evicted rows' places.
@@ -595,14 +599,16 @@ def capacity(max_rows: int, on_full: str = "reject", n_classes: int = 127) -> Po
             keep = _first(valid, max_rows)
             room = max_rows - keep.sum(dtype=jnp.int32)
             return g._replace(keep=keep, mask=_first(mask, room)), state
-        if on_full in ("evict_oldest", "evict_balanced"):
+        if on_full in ("evict_oldest", "evict_balanced", "merge"):
             mask = _last(mask, max_rows)
             n_evict = jnp.maximum(valid.sum(dtype=jnp.int32) + mask.sum(dtype=jnp.int32) - max_rows, 0)
-            if on_full == "evict_balanced":
-                out = _balanced_evictions(state.tree, mem.born, valid, g.targets, mask, n_evict, int(n_classes))
-            else:
+            if on_full == "evict_oldest":
                 out = _smallest(mem.born, valid, n_evict, mask.shape[0])
-            return g._replace(keep=valid & ~out, mask=mask), state
+            else:
+                out = _balanced_evictions(state.tree, mem.born, valid, g.targets, mask, n_evict, int(n_classes))
+            if on_full == "merge":
+                mem = absorb(mem, out, valid & ~out, state.tree, mask.shape[0])
+            return g._replace(mem=mem, keep=valid & ~out, mask=mask), state
         # evict_smallest: stored rows (older, by born) and then candidates, in one ranking
         c = valid.shape[0]
         score = jnp.concatenate([significance(mem), candidate_significance(mem, g.rows)])
@@ -613,11 +619,51 @@ def capacity(max_rows: int, on_full: str = "reject", n_classes: int = 127) -> Po
         return g._replace(keep=stay[:c], mask=stay[c:]), state
 
     name = f"capacity(max_rows={max_rows}, on_full={on_full})"
-    if on_full == "evict_balanced":
+    if on_full in ("evict_balanced", "merge"):
         _check_number("capacity n_classes", n_classes, lambda x: int(x) == x and x >= 1, "an integer >= 1")
         return policy(name, init=_labels_init(int(n_classes)), evict=evict,
                       enter=_labels_enter(name, int(n_classes)))._replace(max_rows=max_rows)
     return policy(name, evict=evict)._replace(max_rows=max_rows)
+
+
+def absorb(mem: memlib.Memory, gone, stay, labels, most: int) -> memlib.Memory:
+    """``mem`` with each row of ``gone`` (at most ``most`` of them; ``(C,)`` bool) folded into the nearest
+    row of ``stay`` with the same label (squared key distance; ``labels`` ``(C,)``, −1 never matches).
+
+    Weighted softmax (the kernel normalises by ``Σ w e^a``): the row ``j`` that absorbs rows ``e`` becomes
+    ``w_j + Σ w_e``, with ``k`` and ``ṽ`` the ``w``-weighted means, so the numerator ``Σ w e^a ṽ`` and the
+    denominator ``Σ w e^a`` keep their value to first order in the key distance (and exactly where the keys
+    are equal). Unnormalised kernels (RBF, linear: ``w`` unused): the values add, the key is the mean weighted
+    by ``‖v‖``. A row with no staying row of its class is not folded (it leaves). Only the absorbing rows
+    change; pure and jittable."""
+    c = gone.shape[0]
+    idx = jnp.nonzero(gone, size=int(most), fill_value=c)[0]
+    live = idx < c
+    e = jnp.minimum(idx, c - 1)
+    k32 = mem.k.astype(jnp.float32)
+    ke = k32[e]
+    d2 = (jnp.sum(ke * ke, -1)[:, None] - 2.0 * ke @ k32.T + jnp.sum(k32 * k32, -1)[None, :])
+    lab = jnp.asarray(labels, jnp.int32)
+    ok = stay[None, :] & (lab[None, :] == lab[e][:, None]) & (lab[e][:, None] >= 0)
+    d2 = jnp.where(ok, d2, jnp.inf)
+    j = jnp.argmin(d2, axis=1)
+    has = live & jnp.any(ok, axis=1)
+    weighted = _weighted(mem)
+    a = jnp.where(has, jnp.maximum(mem.w[e], 0.0) if weighted else _norm(mem.v[e]), 0.0)      # (n,) weights
+    base = jnp.maximum(mem.w, 0.0) if weighted else _norm(mem.v)
+    total = base.at[j].add(a)
+    touched = jnp.zeros((c,), bool).at[j].max(has) & (total > 0)
+
+    def mean(x):                                           # w-weighted mean of the absorbing rows and theirs
+        x32 = x.astype(jnp.float32)
+        s = (base[:, None] * x32).at[j].add(a[:, None] * x32[e])
+        return jnp.where(touched[:, None], s / jnp.where(total > 0, total, 1.0)[:, None], x32).astype(x.dtype)
+
+    k = mean(mem.k)
+    if weighted:
+        return mem.replace(w=jnp.where(touched, total, mem.w).astype(mem.w.dtype), k=k, v=mean(mem.v))
+    v = mem.v.astype(jnp.float32).at[j].add(jnp.where(has[:, None], mem.v[e].astype(jnp.float32), 0.0))
+    return mem.replace(k=k, v=jnp.where(touched[:, None], v, mem.v.astype(jnp.float32)).astype(mem.v.dtype))
 
 
 def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:

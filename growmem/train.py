@@ -315,7 +315,7 @@ class SelfReplay:
     uniformly with replacement among its rows of known class (``seed``, the step: the same draws on a
     resume). A row's key is its sample's input — the first layer of a :class:`~growmem.layers.ResidualGrowingNet`
     is queried with ``RMSNorm(x)``, which RMSNorm maps to itself — and its class is what the layer's
-    :func:`growmem.policies.labels` (or ``capacity(on_full="evict_balanced")``) policy keeps: replay costs
+    :func:`growmem.policies.labels` (or ``capacity(on_full="evict_balanced")`` / ``"merge"``) policy keeps: replay costs
     no bytes beyond the rows and their one-byte labels. Replayed samples grow the memories like any
     others; until the layer holds a labelled row nothing is replayed."""
 
@@ -571,7 +571,7 @@ class Trainer:
         mem = mems[want]
         if mem.policy is None or polib.stored_labels(jax.eval_shape(mem.policy.init, mem)) is None:
             raise ValueError(f"SelfReplay needs the labels of {layer_key(want)}'s rows: give that layer a "
-                             f"policies.labels() (or capacity(on_full='evict_balanced')) policy")
+                             f"policies.labels() (or capacity(on_full='evict_balanced' or 'merge')) policy")
         self._replay_path = want
         return want
 

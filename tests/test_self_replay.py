@@ -124,3 +124,92 @@ def test_self_replay_needs_labels_on_the_first_layer():
         tr.step(x[:8], y[:8])
     with pytest.raises(ValueError, match="integer >= 1"):
         SelfReplay(0)
+
+
+# ---- capacity(on_full="merge"): evicted rows folded into their nearest row of the same class ----------------
+
+def _memory(w, k, v, capacity=256):
+    from growmem import memory as memlib
+    mem = memlib.empty(k.shape[1], v.shape[1], capacity)
+    return memlib.append(mem, jnp.asarray(w), jnp.asarray(k), jnp.asarray(v), jnp.arange(len(w), dtype=jnp.int32))
+
+
+def test_absorb_folds_each_row_into_its_nearest_row_of_its_class_by_weighted_means():
+    rng = np.random.default_rng(3)
+    n, d, o = 12, 5, 3
+    w, k, v = rng.uniform(0.1, 2.0, n).astype(np.float32), rng.normal(size=(n, d)).astype(np.float32), \
+        rng.normal(size=(n, o)).astype(np.float32)
+    lab = np.array([0, 0, 1, 1, 1, 2, 0, 1, 3, 0, 2, 2], np.int32)   # class 3 has one row only
+    gone = np.zeros(256, bool)
+    gone[[0, 4, 8, 9]] = True
+    stay = np.zeros(256, bool)
+    stay[:n] = ~gone[:n]
+    mem = _memory(w, k, v)
+    labels = np.full(256, -1, np.int32)
+    labels[:n] = lab
+    out = policies.absorb(mem, jnp.asarray(gone), jnp.asarray(stay), jnp.asarray(labels), 8)
+    # the same by hand, in float64
+    W, K, V = w.astype(np.float64), k.astype(np.float64), v.astype(np.float64)
+    sw, sk, sv = W.copy(), (W[:, None] * K), (W[:, None] * V)
+    for e in np.flatnonzero(gone[:n]):
+        cand = [j for j in range(n) if stay[j] and lab[j] == lab[e]]
+        if not cand:
+            continue                                                   # class 3: no partner, it just leaves
+        j = min(cand, key=lambda j: np.sum((K[j] - K[e]) ** 2))
+        sw[j] += W[e]
+        sk[j] += W[e] * K[e]
+        sv[j] += W[e] * V[e]
+    np.testing.assert_allclose(np.asarray(out.w)[:n], sw, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.k)[:n], sk / sw[:, None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.v)[:n], sv / sw[:, None], rtol=1e-5, atol=1e-6)
+    untouched = np.isclose(sw, W)
+    assert untouched.sum() >= n - 4 and untouched[8]                  # only absorbing rows (and none for class 3)
+    np.testing.assert_array_equal(np.asarray(out.k)[:n][untouched], k[untouched])   # bitwise
+
+
+def test_absorbing_a_row_with_the_same_key_leaves_the_weighted_softmax_unchanged():
+    """Two rows with one key are one row of summed weight and w-averaged value: the layer's output (an
+    independent numpy formula, Σ w e^{q·k/T} ṽ / Σ w e^{q·k/T}) is the same before and after the fold."""
+    rng = np.random.default_rng(4)
+    k = rng.normal(size=(6, 4)).astype(np.float32)
+    k[5] = k[2]
+    w, v = rng.uniform(0.5, 1.5, 6).astype(np.float32), rng.normal(size=(6, 3)).astype(np.float32)
+    labels = np.full(256, -1, np.int32)
+    labels[:6] = [0, 1, 2, 0, 1, 2]
+    gone = np.zeros(256, bool)
+    gone[5] = True
+    stay = np.zeros(256, bool)
+    stay[:5] = True
+    out = policies.absorb(_memory(w, k, v), jnp.asarray(gone), jnp.asarray(stay), jnp.asarray(labels), 4)
+    q = rng.normal(size=(7, 4))
+
+    def layer(w, k, v):
+        a = np.exp(q @ k.T / 2.0) * w
+        return a @ v / a.sum(1, keepdims=True)
+
+    before = layer(w.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+    after = layer(np.asarray(out.w)[:5].astype(np.float64), np.asarray(out.k)[:5].astype(np.float64),
+                  np.asarray(out.v)[:5].astype(np.float64))
+    np.testing.assert_allclose(after, before, rtol=1e-5)
+
+
+def test_merge_at_the_cap_keeps_the_total_weight_and_the_class_balance():
+    rng = np.random.default_rng(5)
+    cap, d = 12, 4
+    pol = policies.capacity(cap, on_full="merge", n_classes=3)
+    mem = _memory(rng.uniform(0.1, 1, cap).astype(np.float32), rng.normal(size=(cap, d)).astype(np.float32),
+                  rng.normal(size=(cap, 3)).astype(np.float32), capacity=256)
+    state = pol.init(mem)
+    state = policies.replace_row_state_leaves(
+        state, 256, [jnp.asarray(np.r_[np.repeat([0, 1, 2], 4), -np.ones(256 - cap)].astype(np.int8))])
+    rows = gm.rules.Rows(w=jnp.asarray(rng.uniform(0.1, 1, 4), jnp.float32),
+                         k=jnp.asarray(rng.normal(size=(4, d)), jnp.float32),
+                         v=jnp.asarray(rng.normal(size=(4, 3)), jnp.float32))
+    targets = jnp.asarray([0, 0, 0, 1], jnp.int32)
+    res = policies.step(pol, mem, rows, state, targets=targets)
+    assert int(res.mem.size) == cap
+    assert float(jnp.sum(res.mem.w[:cap])) == pytest.approx(float(jnp.sum(mem.w) + jnp.sum(rows.w)), rel=1e-6)
+    lab = np.asarray(policies.stored_labels(res.state))[:cap]
+    assert np.bincount(lab, minlength=3).tolist() == [4, 4, 4]        # class 0 folded its own three rows away
+    with pytest.raises(ValueError, match="on_full must be one of .*'merge'"):
+        policies.capacity(cap, on_full="merge_all")

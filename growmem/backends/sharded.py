@@ -250,7 +250,7 @@ class Sharded(RAM):
     def evict_and_append(self, mem, keep, w, k, v, born, mask, extra=(), extra_new=()):
         if any(n is not None for n in extra_new):
             raise ValueError("a policy that sets the per-row state of new rows (labels(), capacity(on_full="
-                             "'evict_balanced')) runs on memories in RAM (backends.RAM), not on sharded ones")
+                             "'evict_balanced' or 'merge')) runs on memories in RAM (backends.RAM), not on sharded ones")
         cs = self.block(mem)
         arrays, sizes = self._compact([mem.w, mem.k, mem.v, mem.born, *extra], keep, mem.size, cs)
         mem = mem.replace(w=arrays[0], k=arrays[1], v=arrays[2], born=arrays[3], size=sizes)
