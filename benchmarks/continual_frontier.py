@@ -62,7 +62,8 @@ _IMAGE = ("knn:raw", "er_reservoir:raw", "er_balanced:raw")
 #: noise: kNN on DCT codes of Permuted-MNIST scored 0.39 at 1 MB where on projections it scores as the rest), and
 #: the controls store what it stores; SLDA on raw pixels (a 784 x 784 covariance, 2.4 MB) fits no budget here
 METHODS = {
-    "split_mnist": ("target:dct_merge", "net:readout_replay_dct", "net:replay_dct_evict_smallest", "net:replay_dct",
+    "split_mnist": ("target:dct_merge", "net:readout_replay_dct_merge", "net:readout_replay_dct",
+                    "net:replay_dct_evict_smallest", "net:replay_dct",
                     "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct") + _IMAGE,
     "permuted_mnist": ("target:proj_merge", "knn:proj", "ncm:proj", "slda:proj", "er_balanced:proj") + _IMAGE,
 }
@@ -117,6 +118,9 @@ TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": (0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)}),
+    "net:readout_replay_dct_merge": lambda b, s: _cross(
+        {"readout.temperature": 1.0, "readout.beta": 1.0},
+        **{"readout.temperature": (0.125, 0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)}),
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
