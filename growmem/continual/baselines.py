@@ -23,7 +23,7 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
                  the model, its optimizer state and GDumb's copy of the initial model
                  (budget-matched GDumb; needs a budget). For both ``*_bytes`` methods the recipe's
                  width is kept where model and state take at most half the budget, else the widest
-                 of 512/256/.../4 units that does (:func:`budget_fixed_bytes`)
+                 of 512/256/.../4 units that does (``runner.budget_fixed_bytes``)
 ``er_<policy>:<store>`` online experience replay (:class:`OnlineReplay` on Avalanche's ``Naive``): every
                  mini-batch of 10 stream samples is trained on together with 10 samples drawn from a
                  buffer, then offered to it — ``reservoir`` (uniform over the stream) or
@@ -142,29 +142,6 @@ def replay_capacity(budget_bytes: int, fixed_bytes: int, sample_bytes: int) -> i
         raise ValueError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
                          f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
     return int(n)
-
-
-def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[dict] = None):
-    """``(settings, fixed)`` of a budget-matched method (``replay_bytes``, ``gdumb_bytes``): ``settings`` with
-    the hidden width its model takes at ``budget_bytes``, and the bytes it keeps beside its buffer — the
-    model, its SGD momentum (one buffer per parameter) and GDumb's copy of the initial model. The recipe's
-    width where these take at most half the budget (or the width ``settings`` names), else the widest of
-    :data:`ER_WIDTHS` that does."""
-    from .memory_bytes import module_bytes
-
-    def fixed(s):
-        r = recipe(name, stream.name, s)
-        copies = (2 if r["momentum"] else 1) + (1 if name in ("gdumb", "gdumb_bytes") else 0)
-        return module_bytes(make_model(stream, r)) * copies
-
-    settings = dict(settings or {})
-    if "hidden_size" in settings or fixed(settings) <= int(budget_bytes) // 2:
-        return settings, fixed(settings)
-    for h in ER_WIDTHS:
-        if fixed({**settings, "hidden_size": h}) <= int(budget_bytes) // 2:
-            return {**settings, "hidden_size": h}, fixed({**settings, "hidden_size": h})
-    raise ValueError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {ER_WIDTHS[-1]} hidden "
-                     f"units and its optimizer state in half of it: raise --memory-budget")
 
 
 def is_online_replay(name: str) -> bool:

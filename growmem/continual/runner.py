@@ -330,9 +330,30 @@ def sample_bytes_of(stream: Stream, replay_dtype: str) -> Optional[int]:
                                task_labels=stream.task_incremental, replay_dtype=replay_dtype)
 
 
+def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[dict] = None):
+    """``(settings, fixed)`` of a budget-matched method (``replay_bytes``, ``gdumb_bytes``): ``settings`` with
+    the hidden width its model takes at ``budget_bytes``, and the bytes it keeps beside its buffer — the
+    model, its SGD momentum (one buffer per parameter) and GDumb's copy of the initial model. The recipe's
+    width where these take at most half the budget (or the width ``settings`` names), else the widest of
+    :data:`baselines.ER_WIDTHS` that does."""
+    def fixed(s):
+        r = B.recipe(name, stream.name, s)
+        copies = (2 if r["momentum"] else 1) + (1 if name in ("gdumb", "gdumb_bytes") else 0)
+        return module_bytes(B.make_model(stream, r)) * copies
+
+    settings = dict(settings or {})
+    if "hidden_size" in settings or fixed(settings) <= int(budget_bytes) // 2:
+        return settings, fixed(settings)
+    for h in B.ER_WIDTHS:
+        if fixed({**settings, "hidden_size": h}) <= int(budget_bytes) // 2:
+            return {**settings, "hidden_size": h}, fixed({**settings, "hidden_size": h})
+    raise ValueError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {B.ER_WIDTHS[-1]} hidden "
+                     f"units and its optimizer state in half of it: raise --memory-budget")
+
+
 def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
     """``settings`` plus, for ``replay_bytes`` and ``gdumb_bytes``, the buffer the budget holds beside the
-    model and its state (:func:`baselines.budget_fixed_bytes`) at ``sample_bytes`` a sample; for online
+    model and its state (:func:`budget_fixed_bytes`) at ``sample_bytes`` a sample; for online
     replay the same beside its one-hidden-layer MLP."""
     if B.is_online_replay(method.name):
         if budget is None:
@@ -351,7 +372,7 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
     if budget is None:
         raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
                          f"the budget holds beside the model")
-    settings, fixed = B.budget_fixed_bytes(method.name, stream, budget, settings)
+    settings, fixed = budget_fixed_bytes(method.name, stream, budget, settings)
     per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
                                                                                     else 1)
     return {**settings, "mem_size": B.replay_capacity(budget, fixed, per)}
