@@ -25,7 +25,7 @@ def fuzz(n: int):
     return settings(max_examples=n, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                            HealthCheck.filter_too_much])
-COUNTS = {"sizes": 600, "presets": 500, "argv": 600, "arrays": 360}
+COUNTS = {"sizes": 600, "presets": 500, "argv": 600, "arrays": 360, "order_free": 240}
 
 
 def one_line(e: BaseException) -> bool:
@@ -213,7 +213,8 @@ BATCHES = st.tuples(st.sampled_from([np.float32, np.float64, np.float16, np.int3
 
 @pytest.fixture(scope="module")
 def memories():
-    """One Store, one TargetMemory and one Trainer (d = 6, e = 2), built once; each case appends to them."""
+    """One Store, one TargetMemory, one Trainer and the three order-free models (d = 6, e = 2), built once;
+    each case appends to them."""
     import jax
 
     import growmem as gm
@@ -226,7 +227,9 @@ def memories():
     target = TargetMemory(Identity(6), 2, temperature=1.0)
     net = gm.ResidualGrowingNet(d_out=2, n_blocks=0, readout=gm.GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0))
     trainer = gm.Trainer(net, loss="squared_error", sample_input=np.zeros((4, 6), np.float32), rng=jax.random.key(0))
-    return {"store": store, "target": target, "trainer": trainer}
+    from growmem.order_free import KNN, NCM, SLDA
+    order_free = {"knn": KNN(Identity(6), 2, budget_bytes=4_000), "ncm": NCM(Identity(6), 2), "slda": SLDA(Identity(6), 2)}
+    return {"store": store, "target": target, "trainer": trainer, **order_free}
 
 
 def _finite_rows(rows) -> bool:
@@ -250,3 +253,39 @@ def test_arrays_with_nan_inf_wrong_dtypes_or_shapes_never_store_a_non_finite_row
     stored = [m.rows()] if which == "store" else [mem.rows() for mem in m.mems] if which == "target" else \
         [mem.rows() for mem in m.memories().values()]
     assert all(_finite_rows(r) for r in stored)
+
+
+#: class labels for 4 inputs: mostly valid (ints or integral floats in {0, 1}), sometimes out of range or too few
+LABELS = st.one_of(hnp.arrays(np.int64, (4,), elements=st.integers(0, 1)),
+                   hnp.arrays(np.float32, (4,), elements=st.sampled_from([0.0, 1.0])),
+                   hnp.arrays(np.int64, (4,), elements=st.integers(0, 1)),
+                   hnp.arrays(np.int64, st.sampled_from([(4,), (3,)]), elements=st.integers(-3, 4)))
+ORDER_FREE_BATCHES = st.tuples(st.sampled_from([np.float32, np.float64, np.float16, np.int32]),
+                               st.sampled_from([(4, 6), (4, 6), (4, 5), (4,)])).flatmap(
+    lambda t: st.tuples(_batch(t[0], t[1]), LABELS))
+
+
+def test_order_free_models_keep_a_finite_state_and_answer_finite_scores(memories):
+    """kNN (a class-balanced reservoir at its budget), NCM and SLDA: a batch is learnt (its non-finite keys
+    dropped and counted) or refused in one line; the state stays finite and a finite query gets finite scores.
+    Not vacuous: each model keeps samples from the generated batches."""
+    learnt = {"knn": 0, "ncm": 0, "slda": 0}
+
+    @fuzz(COUNTS["order_free"])
+    @given(st.sampled_from(sorted(learnt)), ORDER_FREE_BATCHES)
+    def check(which, batch):
+        x, y = batch
+        m = memories[which]
+        try:
+            learnt[which] += m.observe(x, y)["stored"]
+        except (GrowmemError, ValueError) as e:
+            assert one_line(e), e
+        for name, a in m.state().items():
+            a = np.asarray(a)
+            if a.dtype.kind == "f":
+                assert np.isfinite(a).all(), (which, name)
+        scores = m.predict(np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6))
+        assert scores.shape == (2, 2) and np.isfinite(scores).all()
+
+    check()
+    assert all(n >= 20 for n in learnt.values()), learnt
