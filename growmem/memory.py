@@ -53,6 +53,18 @@ def round_capacity(n: int, quantum: int = ROW_QUANTUM) -> int:
     return ((n + quantum - 1) // quantum) * quantum
 
 
+def finite_rows(*arrays):
+    """``(B,)`` bool: the rows (leading axis) whose entries are finite in every array of ``arrays`` — the one
+    non-finite filter before anything enters a memory (numpy arrays on the host, jax arrays under jit)."""
+    xp = jnp if any(isinstance(a, jax.Array) for a in arrays) else np
+    ok = None
+    for a in arrays:
+        f = xp.isfinite(a)
+        f = f.all(axis=tuple(range(1, f.ndim))) if f.ndim > 1 else f
+        ok = f if ok is None else ok & f
+    return ok
+
+
 @struct.dataclass
 class Memory:
     """Rows of one growing layer (module docstring)."""

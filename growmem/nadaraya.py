@@ -435,7 +435,7 @@ class TargetMemory:
     def _store(self, j: int, u, y) -> int:
         mem = self._regime(j)
         k = _project(self._kparams(), jnp.asarray(u), project=self.keys.project)[0][j]
-        ok = np.all(np.isfinite(np.asarray(k)), axis=1) & np.all(np.isfinite(y), axis=1)
+        ok = memlib.finite_rows(np.asarray(k), np.asarray(y))
         self.counts["dropped"] += int((~ok).sum())
         n = int(ok.sum())
         if n == 0:
@@ -461,7 +461,7 @@ class TargetMemory:
         if mem.capacity != held:
             mem = memlib.with_capacity(mem, held, quantum=1)
         k = np.asarray(_project(self._kparams(), jnp.asarray(u), project=self.keys.project)[0][j], np.float32)
-        ok = np.all(np.isfinite(k), axis=1) & np.all(np.isfinite(y), axis=1)
+        ok = memlib.finite_rows(k, np.asarray(y))
         self.counts["dropped"] += int((~ok).sum())
         if not ok.any():
             self.mems[j] = mem

@@ -65,6 +65,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import memory as memlib
 from . import nadaraya
 from .keyspaces import Identity, KeySpace
 from .reservoir import Slots
@@ -134,7 +135,7 @@ class _OrderFree:
         """``(z:(B, key_dim) float32, finite:(B,) bool)`` for inputs ``x:(B, features)``."""
         zs, _ = self.keys.project(self.keys.params(), self.keys.prepare(x))
         z = np.asarray(zs[0], np.float32)
-        return z, np.all(np.isfinite(z), axis=1)
+        return z, memlib.finite_rows(z)
 
     # ------------------------------------------------------------------ learn / answer
     def observe(self, x, y) -> dict:

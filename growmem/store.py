@@ -51,15 +51,6 @@ def _min_d2(mem, q):
     return backends.min_sq_distance(mem, q)
 
 
-def _finite(w, k, v) -> np.ndarray:
-    """``(B,)`` bool: candidate rows whose ``w``, ``k`` and ``v`` are all finite (host side of
-    :func:`growmem.train.finite_rows`)."""
-    ok = np.isfinite(w)
-    for a in (k, v):
-        ok = ok & np.isfinite(a).all(axis=tuple(range(1, a.ndim)))
-    return ok
-
-
 class Store:
     """One memory and its backend, driven from the host (module docstring)."""
 
@@ -87,7 +78,7 @@ class Store:
     def from_rows(cls, w, k, v, born=None, *, spec, backend=None, t: int = 0, name: str = "memory") -> "Store":
         """A store holding exactly these rows; a row that is not finite is refused (``ValueError``)."""
         k, v = np.asarray(k), np.asarray(v)
-        bad = np.flatnonzero(~_finite(np.asarray(w, np.float32), k, v))
+        bad = np.flatnonzero(~memlib.finite_rows(np.asarray(w, np.float32), k, v))
         if len(bad):
             raise ValueError(f"{len(bad)} of the {len(k)} rows are not finite (a NaN or inf in w, k or v; rows "
                              f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}); drop them before building the "
@@ -171,7 +162,7 @@ class Store:
                                  f"rows of a {self.d_in} -> {self.d_out} memory)")
         born = np.broadcast_to(np.asarray(self.t + 1 if born is None else born, np.int32), (b,))
         mask = np.ones(b, bool) if mask is None else np.asarray(mask, bool)
-        finite = _finite(w, k, v)
+        finite = memlib.finite_rows(w, k, v)
         self.dropped_nonfinite += int((mask & ~finite).sum())
         mask = mask & finite
         shards = None

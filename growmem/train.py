@@ -152,11 +152,8 @@ def _row_params(mem: memlib.Memory) -> dict:
 
 
 def finite_rows(rows) -> jax.Array:
-    """``(B,)`` bool: candidate rows whose ``w``, ``k`` and ``v`` are all finite."""
-    ok = jnp.isfinite(rows.w)
-    for a in (rows.k, rows.v):
-        ok = ok & jnp.all(jnp.isfinite(a), axis=tuple(range(1, a.ndim)))
-    return ok
+    """``(B,)`` bool: candidate rows whose ``w``, ``k`` and ``v`` are all finite (:func:`memory.finite_rows`)."""
+    return memlib.finite_rows(jnp.asarray(rows.w), jnp.asarray(rows.k), jnp.asarray(rows.v))
 
 
 def bad_samples(oks, batch_size: int) -> jax.Array:

@@ -366,3 +366,17 @@ def test_appending_to_a_bfloat16_memory_stores_the_rounded_rows_exactly():
     np.testing.assert_array_equal(np.asarray(out.k)[:46], want_k)
     np.testing.assert_array_equal(np.asarray(out.v)[:46], want_v)
     assert_padding_zero(out)
+
+
+def test_finite_rows_is_the_one_non_finite_filter_on_host_and_under_jit():
+    from growmem.memory import finite_rows
+    w = np.array([1.0, np.nan, 2.0, 3.0], np.float32)
+    k = np.ones((4, 3), np.float32)
+    k[2, 1] = np.inf
+    v = np.ones((4, 2, 2), np.float32)
+    v[3, 1, 0] = -np.inf
+    want = [True, False, False, False]
+    assert finite_rows(w, k, v).tolist() == want and isinstance(finite_rows(w, k, v), np.ndarray)
+    got = jax.jit(lambda *a: finite_rows(*a))(jnp.asarray(w), jnp.asarray(k), jnp.asarray(v))
+    assert np.asarray(got).tolist() == want
+    assert finite_rows(k).tolist() == [True, True, False, True]
