@@ -6,7 +6,12 @@ checkpoint every few steps) is killed at ``KILLS`` moments drawn from a seeded g
 printed: ``GROWMEM_CHAOS_SEED`` replays a failure), spread over the whole run, so kills land during
 spills, during checkpoint writes and between a tier's manifest and its chunks. After each kill the same
 command is run again with ``--resume``; at the end its metrics, its rows (``growmem export``) and every
-cold-tier chunk file equal the uninterrupted run's, and no temporary file or folder remains."""
+cold-tier chunk file equal the uninterrupted run's, and no temporary file or folder remains.
+
+Faults, not only kills: a file-size limit (``RLIMIT_FSIZE``: a disk that fills) in the middle of a
+checkpoint write, and a full disk (``ENOSPC``) between a spill's chunks and its manifest. Each fails the
+run with one line naming the folder; the previous checkpoint stays valid and the run resumes from it to
+the uninterrupted result."""
 import json
 import os
 import signal
@@ -18,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chaos")]   # one reference run, one worker
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -29,8 +34,24 @@ RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-ever
 TEMPORARY = ("tmp", ".part", ".growmem-export-", "write-probe")
 
 
-def _cmd(ck, out, resume):
-    return [*GROWMEM, "train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
+#: a ``python -c`` prologue per fault, run before growmem's CLI in the faulty process
+FAULTS = {
+    # the checkpoint's host arrays pass 150 kB at a few hundred rows; the cold chunks (100 kB) still fit
+    "checkpoint write past a file-size limit": (
+        "import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))", "saving step"),
+    # the 4th manifest write of the cold tiers (after that spill's chunks were written) finds the disk full
+    "disk full between a spill's chunks and its manifest": (
+        "import errno; from growmem.backends import tiered; w = tiered.ColdTier._write_manifest; n = [0]\n"
+        "def full(kv, m):\n    n[0] += 1\n    if n[0] == 4: raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "    return w(kv, m)\n"
+        "tiered.ColdTier._write_manifest = staticmethod(full)", "spilling"),
+}
+
+
+def _cmd(ck, out, resume, prologue=""):
+    growmem = GROWMEM if not prologue else [sys.executable, "-c", prologue + "\n" + GROWMEM[2]]
+    return [*growmem, "train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
 
 
 def _chunks(ck: Path) -> dict:
@@ -74,14 +95,51 @@ def _watch(proc, ck: Path, kill_after=None):
     return False, times, proc.communicate()[1]
 
 
-def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run: ``(checkpoint folder, out folder, times of its checkpoints)``."""
+    d = tmp_path_factory.mktemp("reference")
+    proc = subprocess.Popen(_cmd(d / "ref", d / "oref", False), env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    _, times, err = _watch(proc, d / "ref")
+    assert proc.returncode == 0 and len(times) > 2, (times, err[-2000:])
+    return d / "ref", d / "oref", times
+
+
+def _same_as_reference(reference, ck, out, tmp_path, why):
+    """The run in ``ck`` / ``out`` ended where the reference did: metrics, exported rows, cold chunks, and
+    no temporary left."""
+    ref, oref, _ = reference
+    a = json.loads((oref / "metrics.json").read_text())
+    b = json.loads((out / "metrics.json").read_text())
+    assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"]), why
+    ra, rb = _export(ref, tmp_path / "a.npz"), _export(ck, tmp_path / "b.npz")
+    assert ra.keys() == rb.keys() and all(ra[k].tobytes() == rb[k].tobytes() for k in ra), why
+    assert _chunks(ref) == _chunks(ck), why
+    assert _chunks(ck), "the run never spilled: raise the steps or lower the budget"
+    left = [str(p.relative_to(ck)) for p in ck.rglob("*") if any(t in p.name for t in TEMPORARY)]
+    assert left == [], (why, left)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(reference, tmp_path, fault):
+    prologue, says = FAULTS[fault]
+    ck, out = tmp_path / "ck", tmp_path / "o"
+    r = subprocess.run(_cmd(ck, out, False, prologue), env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, (fault, r.stderr[-2000:])
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in r.stderr, r.stderr
+    assert 0 < _latest(ck) < 144, (fault, _latest(ck))         # mid-run, after a good checkpoint
+    final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, (fault, final.stderr[-2000:])
+    _same_as_reference(reference, ck, out, tmp_path, fault)
+
+
+def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(reference, tmp_path):
     seed = int(os.environ.get("GROWMEM_CHAOS_SEED", time.time_ns() % 2 ** 31))
     print(f"chaos seed {seed} (GROWMEM_CHAOS_SEED={seed} replays it)")
     rng = np.random.default_rng(seed)
-    ref_proc = subprocess.Popen(_cmd(tmp_path / "ref", tmp_path / "oref", False), env=ENV, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-    _, times, _ = _watch(ref_proc, tmp_path / "ref")
-    assert ref_proc.returncode == 0 and len(times) > 2, times
+    times = reference[2]
     startup, interval = times[0], float(np.median(np.diff(times)))     # one checkpoint's worth of steps
     ck, out = tmp_path / "ck", tmp_path / "o"
     kills = []
@@ -103,12 +161,4 @@ def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_res
     assert final.returncode == 0, (seed, kills, final.stderr[-2000:])
     print(f"{len(kills)} kills (checkpoint step before each, share of the wait): {kills}")
     assert len(kills) >= KILLS, (seed, kills, "the run ended before every kill point: give it more steps")
-    a = json.loads((tmp_path / "oref" / "metrics.json").read_text())
-    b = json.loads((out / "metrics.json").read_text())
-    assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"]), (seed, kills)
-    ra, rb = _export(tmp_path / "ref", tmp_path / "a.npz"), _export(ck, tmp_path / "b.npz")
-    assert ra.keys() == rb.keys() and all(ra[k].tobytes() == rb[k].tobytes() for k in ra), (seed, kills)
-    assert _chunks(tmp_path / "ref") == _chunks(ck), (seed, kills)
-    assert _chunks(ck), "the run never spilled: raise the steps or lower the budget"
-    left = [str(p.relative_to(ck)) for p in ck.rglob("*") if any(t in p.name for t in TEMPORARY)]
-    assert left == [], (seed, kills, left)
+    _same_as_reference(reference, ck, out, tmp_path, (seed, kills))
