@@ -530,3 +530,12 @@ def test_an_out_folder_in_use_and_another_presets_result_are_refused(tmp_path, c
         repro.run("delta-decay", "smoke", out=cpu, progress=False)
     assert (cpu / "newton-steps.json").read_text() == doc and (cpu / "delta-decay.json").read_text() == "not json"
     assert sorted(p.name for p in cpu.iterdir()) == ["delta-decay.json", "newton-steps.json"]
+
+
+def test_the_committed_repro_table_is_what_the_renderer_makes_of_the_committed_jsons():
+    """benchmarks/results/repro/README_TABLE.md is current: rerunning an experiment (or changing how the
+    table is made) without `growmem repro --table --out benchmarks/results/repro` fails here."""
+    committed = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "repro"
+    assert (committed / "README_TABLE.md").read_text() == table.table_text(committed)
+    jsons = sorted(p.stem for p in committed.glob("*.json"))
+    assert jsons and all(f"| {n} |" in (committed / "README_TABLE.md").read_text() for n in jsons)
