@@ -312,7 +312,7 @@ def plot(payload, out: Path):
 
     plt = pyplot()
     parts = [(PROTOCOL, payload["summary"])] + ([("offline", payload["offline"]["summary"])]
-                                                if payload.get("offline") else [])
+                                                if payload["offline"] else [])
     streams = list(dict.fromkeys(st for _, summ in parts for st in summ))
     fig, axes = plt.subplots(len(parts), max(1, len(streams)), figsize=(6.5 * max(1, len(streams)), 5 * len(parts)),
                              squeeze=False)
@@ -509,9 +509,7 @@ def main(argv=None):
                           "anchors": list(ANCHORS)},
                "summary": summary, "verdicts": verdicts, "network_verdicts": network_verdicts, "ablation": ablation,
                "invocations": unique_invocations(old["invocations"] + [invocation]), "runs": runs,
-               "ablation_runs": ablation_runs}
-    if offline:
-        payload["offline"] = offline
+               "ablation_runs": ablation_runs, "offline": offline}
     out = write_json(path, payload)
     plot(payload, args.out)
 

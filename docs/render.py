@@ -246,7 +246,7 @@ def render_continual_frontier(doc) -> str:
     of the best growmem method against the best other one, and the ablation."""
     out = _frontier_tables(doc["summary"], doc["verdicts"], doc,
                            f"{doc['protocol']} (batches of {doc['config']['online_batch']}, one pass")
-    if doc.get("offline"):
+    if doc["offline"]:
         out += _frontier_tables(doc["offline"]["summary"], doc["offline"]["verdicts"], doc,
                                 "offline (epochs per experience: `replay_bytes` chosen on validation, `gdumb_bytes` "
                                 "its recipe's 128; growmem and kNN one pass")
@@ -313,7 +313,7 @@ def render_frontier_findings(doc) -> str:
     """The README's frontier: per stream and budget, the best growmem method against the best other one."""
     rows = []
     parts = [(doc["protocol"], doc["summary"], doc["verdicts"])] + \
-        ([("offline", doc["offline"]["summary"], doc["offline"]["verdicts"])] if doc.get("offline") else [])
+        ([("offline", doc["offline"]["summary"], doc["offline"]["verdicts"])] if doc["offline"] else [])
     for protocol, summary, verdicts in parts:
         for st, by_budget in verdicts.items():
             for b, v in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
