@@ -130,6 +130,10 @@ TUNE_GRID = {
 OFFLINE_TUNE_GRID = {
     "replay_bytes": lambda b, s: [{"epochs": e} for e in (1, 3, 10)],
 }
+#: ``{method: {setting: (value, reason)}}``: a chosen value on its grid's edge that cannot be extended past
+EDGE_REASONS = {
+    "replay_bytes": {"epochs": (1, "one epoch per experience is the fewest an offline run takes")},
+}
 
 PRESETS = {
     "smoke": dict(seeds=[1, 2], budgets=["0.2MB", "0.5MB"], ablation_budgets=["0.2MB"],
@@ -401,10 +405,13 @@ def tune(args, cfg, streams, seeds, budgets):
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
                 best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
+                edge = None if best is None else on_edge([r["settings"] for r in results], best)
+                chosen = None if best is None else _flat(results[best]["settings"])
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = {
                     "results": results, "chosen": None if best is None else results[best]["settings"],
-                    "on_edge": None if best is None else on_edge([r["settings"] for r in results], best),
-                    "seed": seeds[0], "protocol": args.protocol}
+                    "on_edge": edge, "seed": seeds[0], "protocol": args.protocol,
+                    "edge_reasons": {k: EDGE_REASONS[m][k][1] for k in edge or []
+                                     if k in EDGE_REASONS.get(m, {}) and chosen[k] == EDGE_REASONS[m][k][0]}}
     doc["invocations"].append({"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                                "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())})
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",

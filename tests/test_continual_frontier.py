@@ -280,3 +280,24 @@ def test_tuning_reads_back_the_points_it_already_tried(tmp_path):
     assert entry["results"] == before["results"] and entry["chosen"] == before["chosen"]
     assert [r["settings"]["overrides"]["k"] for r in entry["results"]] == [1, 3, 5]
     assert len(again["invocations"]) == 2
+
+
+def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_cannot_pass(tmp_path):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
+           "split_mnist", "--protocol", "offline", "--methods", "replay_bytes", "--budgets", "0.2MB", "--tune",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    e = json.loads((tmp_path / "continual_frontier_tune.json").read_text())["streams"]["split_mnist"]["200000"][
+        "replay_bytes"]
+    assert [r["settings"]["epochs"] for r in e["results"]] == [1, 3, 10] and e["protocol"] == "offline"
+    best = max(e["results"], key=lambda r: r["accuracy"])
+    assert e["chosen"] == best["settings"]
+    want_edge = [] if best["settings"]["epochs"] == 3 else ["epochs"]
+    assert e["on_edge"] == want_edge
+    assert e["edge_reasons"] == ({"epochs": "one epoch per experience is the fewest an offline run takes"}
+                                 if best["settings"]["epochs"] == 1 else {})
+    sys.path.insert(0, str(ROOT / "docs"))
+    import render
+    row = render.render_continual_frontier_tune(json.loads((tmp_path / "continual_frontier_tune.json").read_text()))
+    assert ("fewest an offline run takes" in row) == (best["settings"]["epochs"] == 1)
