@@ -289,8 +289,8 @@ def render_continual_frontier_tune(doc) -> str:
                 rows.append([st, f"{mb(int(b))} MB", f"`{m}`", e["seed"], tried,
                              f"`{json.dumps(_setting(e['chosen']), sort_keys=True)}`"
                              if e["chosen"] else "none within the budget",
-                             "inside" if not edge else "edge: " + ", ".join(
-                                 f"{k} ({e['edge_reasons'][k]})" if k in e["edge_reasons"] else k for k in edge)])
+                             "inside" if not edge else "edge: " + ", ".join(edge) + "".join(
+                                 f" ({k}: {why})" for k, why in e["edge_reasons"].items())])
     cmds = "; ".join(dict.fromkeys(f"`{i['command']}`" for i in doc["invocations"]))
     return table(["stream", "budget", "method", "seed", "validation accuracy of each point", "chosen", "grid"], rows) + f"\n*From `benchmarks/results/continual_frontier_tune.json` ({cmds}).*\n"
 
