@@ -204,7 +204,7 @@ def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None,
 
 
 def _key(r):
-    return (r["stream"], r["method"], r["budget"], r.get("protocol", PROTOCOL), r["seed"])
+    return (r["stream"], r["method"], r["budget"], _protocol(r), r["seed"])
 
 
 def merge_runs(old, new):

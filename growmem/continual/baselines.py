@@ -73,7 +73,7 @@ require_avalanche()
 import torch  # noqa: E402
 from avalanche.core import SupervisedPlugin  # noqa: E402
 
-from .methods import ONLINE_REPLAY  # noqa: E402
+from .methods import BUDGET_MATCHED, ONLINE_REPLAY  # noqa: E402
 
 BASELINES = ("naive", "ewc", "lwf", "gdumb", "gdumb_bytes", "replay_1000", "replay_4400", "replay_bytes", "cumulative",
              "joint",
@@ -118,8 +118,7 @@ def check_baseline(name: str) -> str:
 def recipe(name: str, stream_name: str, settings: Optional[dict] = None) -> Dict[str, Any]:
     """The settings ``name`` trains with on ``stream_name``: shared defaults, its recipe, the tuned
     values, then ``settings``."""
-    family = "replay" if _REPLAY.match(name) or name == "replay_bytes" else "er" if _ER.match(name) else \
-        "gdumb" if name == "gdumb_bytes" else name
+    family = "replay" if _REPLAY.match(name) else "er" if _ER.match(name) else BUDGET_MATCHED.get(name, name)
     out = {**SETTINGS, **RECIPES.get(family, {}), **TUNED.get(stream_name, {}).get(family, {}),
            **TUNED.get(stream_name, {}).get(name, {}), **(settings or {})}
     m = _REPLAY.match(name)

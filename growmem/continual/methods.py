@@ -39,6 +39,8 @@ DEFAULT_NET = "net:continual_growmem"
 #: the Avalanche strategies (see growmem.continual.baselines; replay_<N> for any N)
 AVALANCHE = ("naive", "ewc", "lwf", "gdumb", "gdumb_bytes", "replay_1000", "replay_4400", "replay_bytes", "cumulative",
              "joint")
+#: the budget-matched strategies (their buffer is what the budget holds beside the model) and the family of each
+BUDGET_MATCHED = {"replay_bytes": "replay", "gdumb_bytes": "gdumb"}
 #: online experience replay (growmem.continual.baselines.OnlineReplay): er_<buffer policy>:<what it stores>
 #: what a baseline stores, by name: the target preset whose fixed key space it shares with growmem
 #: (``dct``: target_dct's DCT codes; ``proj``: target_proj_merge's random projections), or None for raw pixels
@@ -143,7 +145,7 @@ def resolve(name: str, stream: str = "", growmem: Optional[str] = None) -> Metho
         return Method(name=name, kind="avalanche", family="replay",
                       description=f"Avalanche Replay with a buffer of {_REPLAY.match(name).group(1)} samples")
     if name in AVALANCHE:
-        family = {"replay_bytes": "replay", "gdumb_bytes": "gdumb"}.get(name, name)
+        family = BUDGET_MATCHED.get(name, name)
         return Method(name=name, kind="avalanche", family=family,
                       description=_AVALANCHE_NAMES[name])
     raise unknown("method", name, valid_methods())

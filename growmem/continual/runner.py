@@ -47,7 +47,7 @@ from . import baselines as B  # noqa: E402
 from .fast import FastLoop  # noqa: E402
 from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
 from .memory_bytes import module_bytes, stored_sample_bytes  # noqa: E402
-from .methods import GROWMEM, Method, resolve_all, valid_methods  # noqa: E402,F401
+from .methods import BUDGET_MATCHED, GROWMEM, Method, resolve_all, valid_methods  # noqa: E402,F401
 from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
                       memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
@@ -338,15 +338,18 @@ def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[
     :data:`baselines.ER_WIDTHS` that does."""
     def fixed(s):
         r = B.recipe(name, stream.name, s)
-        copies = (2 if r["momentum"] else 1) + (1 if name in ("gdumb", "gdumb_bytes") else 0)
+        copies = (2 if r["momentum"] else 1) + (1 if BUDGET_MATCHED.get(name, name) == "gdumb" else 0)
         return module_bytes(B.make_model(stream, r)) * copies
 
     settings = dict(settings or {})
-    if "hidden_size" in settings or fixed(settings) <= int(budget_bytes) // 2:
-        return settings, fixed(settings)
+    own = fixed(settings)
+    if "hidden_size" in settings or own <= int(budget_bytes) // 2:
+        return settings, own
     for h in B.ER_WIDTHS:
-        if fixed({**settings, "hidden_size": h}) <= int(budget_bytes) // 2:
-            return {**settings, "hidden_size": h}, fixed({**settings, "hidden_size": h})
+        narrow = {**settings, "hidden_size": h}
+        size = fixed(narrow)
+        if size <= int(budget_bytes) // 2:
+            return narrow, size
     raise ValueError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {B.ER_WIDTHS[-1]} hidden "
                      f"units and its optimizer state in half of it: raise --memory-budget")
 
@@ -367,7 +370,7 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
         per = B.OnlineReplay.sample_bytes(stream.input_size, codes, stream.task_incremental) \
             if codes is not None or sample_bytes is not None else 4 * stream.input_size + 8
         return {**s, "mem_size": B.replay_capacity(budget, fixed, per)}
-    if method.name not in ("replay_bytes", "gdumb_bytes"):
+    if method.name not in BUDGET_MATCHED:
         return settings
     if budget is None:
         raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
