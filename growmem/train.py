@@ -498,6 +498,26 @@ class Trainer:
         if any(be.due_compaction() for be in set(self.backends.values())):
             self.compact()
 
+    def set_capacity(self, rows: int):
+        """Host op: every memory's arrays hold exactly ``rows`` rows (no quantum rounding), e.g. what a
+        byte budget allows; its per-row policy state follows. Rows in use are never cut, and a later
+        step grows the capacity again only past a capacity policy's ``max_rows`` plus a batch."""
+        rows = int(rows)
+        changed, old_caps = {}, {}
+        for path, mem in self.memories().items():
+            if backends.of(mem) is not backends.DEFAULT:
+                raise ValueError(f"set_capacity sizes memories held in RAM; layer {layer_key(path)} lives on "
+                                 f"{type(backends.of(mem)).__name__}: size it through its backend instead")
+            if int(mem.size) > rows:
+                raise ValueError(f"layer {layer_key(path)} holds {int(mem.size)} rows, more than the capacity "
+                                 f"{rows} asked for: evict rows first or ask for at least {int(mem.size)}")
+            new = memlib.with_capacity(mem, rows, quantum=1)
+            if new is not mem:
+                changed[path], old_caps[path] = new, mem.capacity
+        if changed:
+            self._install(changed, old_caps)
+            self._bound.update({p: backends.of(m).fill(m) for p, m in changed.items()})
+
     def _install(self, changed, old_caps):
         """Put host-changed memories into the state; per-row policy state follows a new capacity."""
         pstate = self.state.policy_state

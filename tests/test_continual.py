@@ -188,15 +188,16 @@ def test_memory_budget_caps_growmem_rows_in_use_and_allocated():
     for _ in range(40):
         learner.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
     b = learner.memory_bytes()
-    # 600 rows fit 2 quanta of 256: capacity 512 rows = 496 kept + one batch of 16 candidates
-    assert learner.max_rows == 496 and b["rows_in_use"] == 496 and b["rows_allocated"] == 512
-    assert b["bytes_in_use"] == _expected_rows_bytes(496, 8, 5) + 12 <= budget
-    assert b["bytes_allocated"] == _expected_rows_bytes(512, 8, 5) + 12 <= budget
-    # below one quantum: the rows in use still fit
-    small = GrowmemLearner(num_classes=5, seed=0, budget_bytes=100 * per_row + 12)
+    # the memory allocates exactly the 600 rows the budget holds: 584 kept + one batch of 16 candidates
+    assert learner.rows_allocated == 600 and learner.max_rows == 584
+    assert b["rows_in_use"] == 584 and b["rows_allocated"] == 600
+    assert b["bytes_in_use"] == _expected_rows_bytes(584, 8, 5) + 12 <= budget
+    assert b["bytes_allocated"] == _expected_rows_bytes(600, 8, 5) + 12 == budget
+    # a budget that holds no more than a batch keeps what it holds
+    small = GrowmemLearner(num_classes=5, seed=0, budget_bytes=16 * per_row + 12)
     for _ in range(12):
         small.step(rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16))
-    assert small.max_rows == 100 and small.memory_bytes()["bytes_in_use"] == 100 * per_row + 12
+    assert small.max_rows == 16 and small.memory_bytes()["bytes_allocated"] == 16 * per_row + 12
     with pytest.raises(ValueError, match="budget"):
         GrowmemLearner(num_classes=5, budget_bytes=10).step(rs.randn(16, 8).astype(np.float32), np.zeros(16))
 

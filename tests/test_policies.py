@@ -469,3 +469,37 @@ def test_a_capped_memory_stops_growing_its_capacity_at_the_cap():
     assert all(m.capacity == 2048 for m in free.memories().values())
     assert all(m.capacity == memlib.round_capacity(600) == 768 for m in capped.memories().values())
     assert all(n == 600 for n in capped.rows_in_use().values())
+
+
+def test_set_capacity_allocates_exactly_and_carries_rows_and_row_state():
+    """Trainer.set_capacity resizes every memory to exactly the rows asked for (no quantum): the rows
+    in use, the predictions and the per-row policy state (labels) are unchanged, the steps that follow
+    stay within it under a cap, and asking for fewer rows than are in use is refused."""
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, temperature=2.0, init="zeros", init_rows=8)
+    net = ResidualGrowingNet(d_out=3, n_blocks=1, block=spec, readout=spec, capacity=256)
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(400, 6)).astype(np.float32)
+    Y = rng.integers(0, 3, 400)
+    tr = Trainer(net, sample_input=X[:16], policy=P.capacity(100, "evict_balanced"))
+    for i in range(0, 64, 16):
+        tr.step(X[i:i + 16], Y[i:i + 16])
+    before_rows, before_out = tr.host_rows(), np.asarray(tr.predict(X[:50]))
+    labels = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tr.state.policy_state)}
+    assert any(a.ndim and len(a) == 256 for a in labels.values())    # per-row state exists, at the old capacity
+    tr.set_capacity(116)
+    assert all(m.capacity == 116 for m in tr.memories().values())
+    np.testing.assert_array_equal(np.asarray(tr.predict(X[:50])), before_out)
+    for layer, rows in tr.host_rows().items():
+        for f in ("w", "k", "v", "born"):
+            np.testing.assert_array_equal(rows[f], before_rows[layer][f])
+    after = {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(tr.state.policy_state)}
+    for k, a in labels.items():
+        b = after[k]
+        np.testing.assert_array_equal(b[:min(len(a), len(b))] if a.ndim else b, a[:len(b)] if a.ndim else a)
+        assert a.ndim == 0 or len(b) == 116
+    for i in range(64, 400, 16):
+        tr.step(X[i:i + 16], Y[i:i + 16])
+    assert all(m.capacity == 116 for m in tr.memories().values())
+    assert all(n == 100 for n in tr.rows_in_use().values())
+    with pytest.raises(ValueError, match="holds 100 rows"):
+        tr.set_capacity(99)

@@ -224,6 +224,8 @@ class GrowmemLearner:
         self.seed = int(seed)
         self.trainers: Dict[str, Any] = {}
         self.max_rows: Optional[int] = None
+        #: rows every memory allocates under the budget (exactly; ``max_rows`` plus a batch)
+        self.rows_allocated: Optional[int] = None
         self._space = None   # a network preset's [inputs] key space (built with the first model)
 
     # ------------------------------------------------------------------ settings
@@ -280,33 +282,25 @@ class GrowmemLearner:
     def _cap_preset(self, d_in: int):
         """The preset with the row cap the budget allows (or the preset itself).
 
-        The rows the budget holds, ``R = (budget - other state) // bytes per row``, are rounded
-        down to whole 256-row quanta of capacity ``C``; ``max_rows = C - batch`` so that the
-        allocated capacity (``max_rows + batch`` rows, what a step needs) stays within the
-        budget too. A budget below one quantum plus a batch keeps ``max_rows = R`` (rows in use
-        within the budget, one quantum allocated)."""
+        The rows the budget holds, ``R = (budget - other state) // bytes per row``, are what the model's
+        memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in :meth:`trainer_for`);
+        ``max_rows = R - batch`` rows are kept so that a step's candidates fit in them too (``R`` when the
+        budget holds no more than one batch)."""
         if self.budget_bytes is None:
             return self.preset
-        from growmem.memory import ROW_QUANTUM
-
         per_task = self.budget_bytes // self.n_tasks
         # the model's other state (parameters, optimizer, policy states) does not depend on max_rows: measure
         # it once on a model with the cap, with the per-row policy state (e.g. labels) a row adds
         other, state_per_row = self._other_bytes(with_row_cap(self.preset, 1, self.config.on_full), d_in)
         per_row = bytes_per_row(self.preset, d_in, self.num_classes) + state_per_row
-
-        def rows_for(other: int) -> int:
-            r = (per_task - other) // per_row
-            if r < 1:
-                raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
-                                 f"model's fixed state ({other} B) plus one row ({per_row} B, d_in={d_in}, "
-                                 f"d_out={self.num_classes}); raise the budget")
-            c = (r // ROW_QUANTUM) * ROW_QUANTUM
-            return c - self.batch_size if c - self.batch_size >= 1 else r
-
-        max_rows = rows_for(other)
-        self.max_rows = int(max_rows)
-        return with_row_cap(self.preset, max_rows, self.config.on_full)
+        r = (per_task - other) // per_row
+        if r < 1:
+            raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
+                             f"model's fixed state ({other} B) plus one row ({per_row} B, d_in={d_in}, "
+                             f"d_out={self.num_classes}); raise the budget")
+        self.rows_allocated = int(r)
+        self.max_rows = int(r - self.batch_size if r - self.batch_size >= 1 else r)
+        return with_row_cap(self.preset, self.max_rows, self.config.on_full)
 
     def _other_bytes(self, preset, d_in: int):
         """``(bytes besides the rows, bytes of per-row policy state per row summed over the layers)`` of a
@@ -340,7 +334,10 @@ class GrowmemLearner:
             d_feat = self._features(np.zeros((1, d_in), np.float32)).shape[1]
             preset = self._cap_preset(d_feat)
             rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
-            self.trainers[key] = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
+            tr = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
+            if self.budget_bytes is not None:
+                tr.set_capacity(max(self.rows_allocated, max(tr.rows_in_use().values(), default=0)))
+            self.trainers[key] = tr
         return self.trainers[key]
 
     def _features(self, x: np.ndarray):
