@@ -77,13 +77,14 @@ class Store:
     @classmethod
     def from_rows(cls, w, k, v, born=None, *, spec, backend=None, t: int = 0, name: str = "memory") -> "Store":
         """A store holding exactly these rows; a row that is not finite is refused (``ValueError``)."""
-        k, v = np.asarray(k), np.asarray(v)
-        bad = np.flatnonzero(~memlib.finite_rows(np.asarray(w, np.float32), k, v))
+        rd = memlib.row_dtype(getattr(spec, "row_dtype", "float32"))
+        w, k, v = memlib.stored_rows(w, k, v, rd)
+        bad = np.flatnonzero(~memlib.finite_rows(w, k, v))
         if len(bad):
             raise ValueError(f"{len(bad)} of the {len(k)} rows are not finite (a NaN or inf in w, k or v; rows "
                              f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}); drop them before building the "
                              f"store, or append the rows (append drops and counts them)")
-        mem = memlib.from_rows(w, k, v, born, spec=spec).replace(t=jnp.asarray(t, jnp.int32))
+        mem = memlib.from_rows(w, k, v, born, spec=spec, row_dtype=rd).replace(t=jnp.asarray(t, jnp.int32))
         return cls.from_memory(mem, backend, name=name)
 
     @classmethod
@@ -152,8 +153,8 @@ class Store:
         The rows are written into the tables in place: a ``jax.Array`` taken from ``store.mem``
         before the call is donated to it and no longer readable (arrays from :meth:`rows`
         stay valid: while they live, the append copies instead)."""
-        # float32 before the finite check: a float64 value past float32's range is stored as inf otherwise
-        k, v, w = np.asarray(k, np.float32), np.asarray(v, np.float32), np.asarray(w, np.float32)
+        # at the stored dtypes before the finite check: a value past their range is stored as inf otherwise
+        w, k, v = memlib.stored_rows(w, k, v, self.mem.k.dtype)
         b = k.shape[0] if k.ndim else 0
         want = {"w": (b,), "k": (b, self.d_in), "v": (b, self.d_out)}
         for f, a in (("w", w), ("k", k), ("v", v)):

@@ -224,12 +224,15 @@ def memories():
 
     spec = gm.GrowingSpec.make("rbf", eta=0.1)
     store = Store.create(spec, 6, 2, name="fuzz")
+    # bfloat16 rows: a finite float32 near its top (3.4e38) rounds to inf there
+    store_bf16 = Store.create(gm.GrowingSpec.make("rbf", eta=0.1, row_dtype="bfloat16"), 6, 2, name="fuzz_bf16")
     target = TargetMemory(Identity(6), 2, temperature=1.0)
     net = gm.ResidualGrowingNet(d_out=2, n_blocks=0, readout=gm.GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0))
     trainer = gm.Trainer(net, loss="squared_error", sample_input=np.zeros((4, 6), np.float32), rng=jax.random.key(0))
     from growmem.order_free import KNN, NCM, SLDA
     order_free = {"knn": KNN(Identity(6), 2, budget_bytes=4_000), "ncm": NCM(Identity(6), 2), "slda": SLDA(Identity(6), 2)}
-    return {"store": store, "target": target, "trainer": trainer, **order_free}
+    return {"store": store, "store_bf16": store_bf16, "spec_bf16": store_bf16.spec, "target": target,
+            "trainer": trainer, **order_free}
 
 
 def _finite_rows(rows) -> bool:
@@ -237,20 +240,27 @@ def _finite_rows(rows) -> bool:
 
 
 @fuzz(COUNTS["arrays"])
-@given(st.sampled_from(["store", "target", "trainer"]), BATCHES)
+@given(st.sampled_from(["store", "store_bf16", "from_rows", "target", "trainer"]), BATCHES)
 def test_arrays_with_nan_inf_wrong_dtypes_or_shapes_never_store_a_non_finite_row(memories, which, batch):
+    from growmem.store import Store
+
     x, y = batch
-    m = memories[which]
+    m = memories.get(which)
     try:
-        if which == "store":
+        if which in ("store", "store_bf16"):
             m.append(np.ones(len(x), np.float32), x, y)
+        elif which == "from_rows":   # a store built from the rows at once (bfloat16): built finite, or refused
+            m = Store.from_rows(np.ones(len(x), np.float32), x, y, spec=memories["spec_bf16"])
+            assert m.mem.k.dtype == np.dtype("bfloat16")
         elif which == "target":
             m.observe(x, y)
         else:
             m.step(x, y)
     except (GrowmemError, ValueError) as e:   # a refusal: growmem's own, or a ValueError that names the problem
         assert one_line(e), e
-    stored = [m.rows()] if which == "store" else [mem.rows() for mem in m.mems] if which == "target" else \
+    if m is None:
+        return
+    stored = [m.rows()] if which in ("store", "store_bf16", "from_rows") else [mem.rows() for mem in m.mems] if which == "target" else \
         [mem.rows() for mem in m.memories().values()]
     assert all(_finite_rows(r) for r in stored)
 
@@ -289,3 +299,25 @@ def test_order_free_models_keep_a_finite_state_and_answer_finite_scores(memories
 
     check()
     assert all(n >= 20 for n in learnt.values()), learnt
+
+
+def test_a_value_past_the_stored_dtypes_range_is_seen_as_the_inf_it_would_become():
+    """Found by review: the finite check ran before the cast to the stored dtype, so a float64 1e300
+    (float32 rows) or a float32 3.4e38 (bfloat16 rows) passed it and was stored as inf."""
+    import growmem as gm
+    from growmem.store import Store
+
+    k = np.zeros((3, 6), np.float64)
+    k[1, 2] = 1e300
+    v = np.zeros((3, 2), np.float32)
+    with pytest.raises(ValueError, match="1 of the 3 rows are not finite"):
+        Store.from_rows(np.ones(3), k, v, spec=gm.GrowingSpec.make("rbf", eta=0.1))
+    bf16 = gm.GrowingSpec.make("rbf", eta=0.1, row_dtype="bfloat16")
+    k32 = np.zeros((3, 6), np.float32)
+    k32[2, 0] = 3.4e38                            # finite in float32, inf in bfloat16
+    with pytest.raises(ValueError, match="1 of the 3 rows are not finite"):
+        Store.from_rows(np.ones(3), k32, v, spec=bf16)
+    store = Store.create(bf16, 6, 2)
+    store.append(np.ones(3, np.float32), k32, v)
+    assert store.size == 2 and store.dropped_nonfinite == 1
+    assert np.isfinite(np.asarray(store.rows()["k"], np.float32)).all()
