@@ -9,9 +9,10 @@ command is run again with ``--resume``; at the end its metrics, its rows (``grow
 cold-tier chunk file equal the uninterrupted run's, and no temporary file or folder remains.
 
 Faults, not only kills: a file-size limit (``RLIMIT_FSIZE``: a disk that fills) in the middle of a
-checkpoint write, and a full disk (``ENOSPC``) between a spill's chunks and its manifest. Each fails the
-run with one line naming the folder; the previous checkpoint stays valid and the run resumes from it to
-the uninterrupted result."""
+checkpoint write; a full disk (``ENOSPC``) between a spill's chunks and its manifest, and, in the run
+resumed from it, a checkpoint folder turned read-only (``EROFS``) while a step is committed. Each fails
+the run with one line naming the folder; the previous checkpoint stays valid and the run resumes from it
+to the uninterrupted result."""
 import json
 import os
 import signal
@@ -34,18 +35,30 @@ RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-ever
 TEMPORARY = ("tmp", ".part", ".growmem-export-", "write-probe")
 
 
-#: a ``python -c`` prologue per fault, run before growmem's CLI in the faulty process
+#: a ``python -c`` prologue per fault, run before growmem's CLI in the faulty process (``{ck}``: the checkpoint
+#: folder; ``{after}``: a step past the last good checkpoint)
+FSIZE = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+         "resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))", "saving step")
+# the 4th manifest write of the cold tiers (after that spill's chunks were written) finds the disk full
+ENOSPC = ("import errno; from growmem.backends import tiered; w = tiered.ColdTier._write_manifest; n = [0]\n"
+          "def full(kv, m):\n    n[0] += 1\n    if n[0] == 4: raise OSError(errno.ENOSPC, 'No space left on device')\n"
+          "    return w(kv, m)\n"
+          "tiered.ColdTier._write_manifest = staticmethod(full)", "spilling")
+# the checkpoint folder turns read-only (the machine runs as root, so chmod would not refuse: the fault is
+# injected where Orbax commits a step, its renames) once the resumed run saves step {after} or later
+EROFS = ("import errno, os, re\n"
+         "def ro(real):\n"
+         "    def f(src, dst, *a, **k):\n"
+         "        m = re.match(r'(\\d+)(\\.|/|$)', os.path.relpath(str(dst), '{ck}'))\n"
+         "        if m and int(m.group(1)) >= {after}: raise OSError(errno.EROFS, 'Read-only file system', str(dst))\n"
+         "        return real(src, dst, *a, **k)\n"
+         "    return f\n"
+         "os.rename, os.replace = ro(os.rename), ro(os.replace)", "saving step")
+#: each case: the faults met one after the other (each run resumes the last one's folder), then a clean resume
 FAULTS = {
     # the checkpoint's host arrays pass 150 kB at a few hundred rows; the cold chunks (100 kB) still fit
-    "checkpoint write past a file-size limit": (
-        "import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-        "resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))", "saving step"),
-    # the 4th manifest write of the cold tiers (after that spill's chunks were written) finds the disk full
-    "disk full between a spill's chunks and its manifest": (
-        "import errno; from growmem.backends import tiered; w = tiered.ColdTier._write_manifest; n = [0]\n"
-        "def full(kv, m):\n    n[0] += 1\n    if n[0] == 4: raise OSError(errno.ENOSPC, 'No space left on device')\n"
-        "    return w(kv, m)\n"
-        "tiered.ColdTier._write_manifest = staticmethod(full)", "spilling"),
+    "checkpoint write past a file-size limit": [FSIZE],
+    "disk full between a spill's chunks and its manifest, then a read-only folder mid-checkpoint": [ENOSPC, EROFS],
 }
 
 
@@ -123,13 +136,15 @@ def _same_as_reference(reference, ck, out, tmp_path, why):
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(reference, tmp_path, fault):
-    prologue, says = FAULTS[fault]
     ck, out = tmp_path / "ck", tmp_path / "o"
-    r = subprocess.run(_cmd(ck, out, False, prologue), env=ENV, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 1, (fault, r.stderr[-2000:])
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in r.stderr, r.stderr
-    assert 0 < _latest(ck) < 144, (fault, _latest(ck))         # mid-run, after a good checkpoint
+    for prologue, says in FAULTS[fault]:
+        before = _latest(ck)
+        prologue = prologue.replace("{ck}", str(ck)).replace("{after}", str(before + 6))
+        r = subprocess.run(_cmd(ck, out, before > 0, prologue), env=ENV, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 1, (fault, says, r.stderr[-2000:])
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in r.stderr, r.stderr
+        assert before < _latest(ck) < 144, (fault, says, before, _latest(ck))   # mid-run, after a new good checkpoint
     final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, (fault, final.stderr[-2000:])
     _same_as_reference(reference, ck, out, tmp_path, fault)
