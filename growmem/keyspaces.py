@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .errors import ConfigError
+
 
 # ----------------------------------------------------------------------------- image transforms
 
@@ -156,7 +158,7 @@ class DCT(_Single):
 
     def __init__(self, side: int = 28, n: int = 10, deskew: bool = True):
         if not 1 <= n <= side:
-            raise ValueError(f"DCT keys need 1 <= n <= side, got n={n}, side={side}")
+            raise ConfigError(f"DCT keys need 1 <= n <= side, got n={n}, side={side}")
         self.side, self.n, self.deskew = int(side), int(n), bool(deskew)
         self.key_dim = self.n * self.n
         self.input_dim = self.side * self.side
@@ -165,8 +167,8 @@ class DCT(_Single):
     def prepare(self, x):
         x = jnp.asarray(x, jnp.float32)
         if x.ndim != 2 or x.shape[1] != self.side * self.side:
-            raise ValueError(f"DCT keys take images of {self.side}x{self.side} = {self.side ** 2} features, got "
-                             f"inputs of shape {tuple(x.shape)}")
+            raise ConfigError(f"DCT keys take images of {self.side}x{self.side} = {self.side ** 2} features, got "
+                              f"inputs of shape {tuple(x.shape)}")
         img = x.reshape(-1, self.side, self.side)
         # intensities relative to each image's darkest pixel: the keys are the same for any
         # affine pixel normalisation a·x + b (a > 0), e.g. Avalanche's Normalize((0.1307,), (0.3081,))
@@ -334,7 +336,7 @@ class Projection(_Single):
     def prepare(self, x):
         x = jnp.asarray(x, jnp.float32)
         if x.ndim != 2 or x.shape[1] != self.input_dim:
-            raise ValueError(f"projection keys take inputs of {self.input_dim} features, got shape {tuple(x.shape)}")
+            raise ConfigError(f"projection keys take inputs of {self.input_dim} features, got shape {tuple(x.shape)}")
         x = x - jnp.min(x, axis=1, keepdims=True)
         return _l2_normalise(_l2_normalise(x) @ self._r.T)
 
@@ -355,6 +357,6 @@ def make(kind: str, d: int, **kw) -> KeySpace:
     if kind == "dct":
         side = int(round(math.sqrt(d)))
         if side * side != d:
-            raise ValueError(f"DCT keys take square images; inputs of {d} features are not side x side")
+            raise ConfigError(f"DCT keys take square images; inputs of {d} features are not side x side")
         return DCT(side=side, **kw)
     return KEY_SPACES[kind](d, **kw)

@@ -61,6 +61,7 @@ import numpy as np
 
 from . import kernels
 from . import memory as memlib
+from .errors import ConfigError
 from .keyspaces import KeySpace
 
 NW = kernels.NADARAYA_WATSON
@@ -293,15 +294,15 @@ class TargetMemory:
         #: a budget over one regime: one allocation of exactly the rows it holds (module docstring)
         self.fixed = budget_bytes is not None and keys.n_regimes == 1
         if evict == "merge" and keys.n_regimes != 1:
-            raise ValueError(f"evict='merge' keeps prototypes in one regime; the {keys.name} key space has "
-                             f"{keys.n_regimes} (use evict='random', or DCT / identity / projection keys)")
+            raise ConfigError(f"evict='merge' keeps prototypes in one regime; the {keys.name} key space has "
+                              f"{keys.n_regimes} (use evict='random', or DCT / identity / projection keys)")
         if budget_bytes is not None:
             least = self.d_out if self.fixed else 2 * memlib.ROW_QUANTUM
             need = keys.reserved_bytes() + 8 + least * self.row_bytes
             if budget_bytes < need:
-                raise ValueError(f"a memory budget of {int(budget_bytes)} B cannot hold the key space's state "
-                                 f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus "
-                                 f"{least} rows ({self.row_bytes} B each); raise the budget to at least {need} B")
+                raise ConfigError(f"a memory budget of {int(budget_bytes)} B cannot hold the key space's state "
+                                  f"({keys.reserved_bytes()} B for {keys.name}: see its n_fit / dim) plus "
+                                  f"{least} rows ({self.row_bytes} B each); raise the budget to at least {need} B")
         self.log_t = float(math.log(temperature))
         self.learn_temperature = bool(learn_temperature)
         self.lr, self.clip = float(lr), float(clip)
@@ -387,9 +388,9 @@ class TargetMemory:
         yv = self._targets(y, len(x))
         if self.fixed and self.evict != "merge" and len(x) > self.headroom:
             if len(x) > self._rows_held() - self.d_out:
-                raise ValueError(f"a batch of {len(x)} samples does not fit a target memory whose budget holds "
-                                 f"{self._rows_held()} rows ({self.d_out} kept for the classes): use smaller "
-                                 f"batches or raise the budget")
+                raise ConfigError(f"a batch of {len(x)} samples does not fit a target memory whose budget holds "
+                                  f"{self._rows_held()} rows ({self.d_out} kept for the classes): use smaller "
+                                  f"batches or raise the budget")
             self.headroom = len(x)
         u = self.keys.prepare(x)
         loss = float("nan")

@@ -67,6 +67,7 @@ import numpy as np
 
 from . import memory as memlib
 from . import nadaraya
+from .errors import ConfigError
 from .keyspaces import Identity, KeySpace
 from .reservoir import Slots
 
@@ -111,8 +112,8 @@ class _OrderFree:
             raise ValueError(f"keys must be a growmem.keyspaces.KeySpace (keyspaces.make(kind, d, ...)), got "
                              f"{type(keys).__name__}")
         if keys.n_regimes != 1 or type(keys).route is not KeySpace.route:
-            raise ValueError(f"{type(self).__name__} needs a fixed key space with one regime (identity, dct); "
-                             f"{keys.name} opens regimes as it goes")
+            raise ConfigError(f"{type(self).__name__} needs a fixed key space with one regime (identity, dct); "
+                              f"{keys.name} opens regimes as it goes")
         if int(d_out) < 1:
             raise ValueError(f"d_out must be >= 1, got {d_out}")
         if budget_bytes is not None and int(budget_bytes) <= 0:
@@ -256,14 +257,14 @@ class KNN(_OrderFree):
         self.normalize = None
         if self.row_dtype == "uint8":
             if not (isinstance(keys, Identity) and not keys.normalise):
-                raise ValueError(f"row_dtype='uint8' stores 8-bit pixels: it needs the raw inputs as keys "
-                                 f"(keyspaces.Identity(d, normalise=False)), got {keys.name} keys "
-                                 f"{keys.describe()}; use row_dtype='bfloat16' or 'float32' for them")
+                raise ConfigError(f"row_dtype='uint8' stores 8-bit pixels: it needs the raw inputs as keys "
+                                  f"(keyspaces.Identity(d, normalise=False)), got {keys.name} keys "
+                                  f"{keys.describe()}; use row_dtype='bfloat16' or 'float32' for them")
             if normalize is None or len(normalize) != 2 or not all(math.isfinite(float(v)) for v in normalize) \
                     or float(normalize[1]) <= 0:
-                raise ValueError(f"row_dtype='uint8' needs normalize=(mean, std), the stream's pixel "
-                                 f"normalisation x = (p/255 - mean)/std with std > 0 (Avalanche's MNIST: "
-                                 f"(0.1307, 0.3081); unnormalised ToTensor inputs: (0.0, 1.0)), got {normalize!r}")
+                raise ConfigError(f"row_dtype='uint8' needs normalize=(mean, std), the stream's pixel "
+                                  f"normalisation x = (p/255 - mean)/std with std > 0 (Avalanche's MNIST: "
+                                  f"(0.1307, 0.3081); unnormalised ToTensor inputs: (0.0, 1.0)), got {normalize!r}")
             self.normalize = (float(normalize[0]), float(normalize[1]))
         elif normalize is not None:
             raise ValueError(f"normalize is the pixel normalisation of row_dtype='uint8' keys; drop it for "
@@ -278,10 +279,10 @@ class KNN(_OrderFree):
             self.max_rows = max(0, room // self.row_bytes)
             if self.max_rows < self.d_out:
                 need = keys.nbytes() + self._other_bytes() + self.d_out * self.row_bytes
-                raise ValueError(f"a memory budget of {self.budget_bytes} B holds {self.max_rows} samples of "
-                                 f"{self.row_bytes} B (beside {keys.nbytes()} B of {keys.name} key space state); "
-                                 f"kNN needs at least one per class ({self.d_out}): raise the budget to at least "
-                                 f"{need} B")
+                raise ConfigError(f"a memory budget of {self.budget_bytes} B holds {self.max_rows} samples of "
+                                  f"{self.row_bytes} B (beside {keys.nbytes()} B of {keys.name} key space state); "
+                                  f"kNN needs at least one per class ({self.d_out}): raise the budget to at least "
+                                  f"{need} B")
             self.slots = Slots(self.max_rows, self.d_out, "balanced", self.rng)
 
     @property
@@ -438,10 +439,10 @@ class _ClassMeans(_OrderFree):
         if self.budget_bytes is not None:
             size = self.nbytes()["bytes_allocated"]
             if self.budget_bytes < size:
-                raise ValueError(f"{type(self).__name__} has a fixed size of {size} B ({self.d_out} classes, "
-                                 f"keys of {keys.key_dim} values, {keys.nbytes()} B of {keys.name} key space "
-                                 f"state); the memory budget of {self.budget_bytes} B is below it: raise the "
-                                 f"budget to at least {size} B")
+                raise ConfigError(f"{type(self).__name__} has a fixed size of {size} B ({self.d_out} classes, "
+                                  f"keys of {keys.key_dim} values, {keys.nbytes()} B of {keys.name} key space "
+                                  f"state); the memory budget of {self.budget_bytes} B is below it: raise the "
+                                  f"budget to at least {size} B")
 
     def _allocate(self) -> None:
         self.means = np.zeros((self.d_out, self.keys.key_dim), np.float32)

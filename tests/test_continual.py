@@ -2,6 +2,7 @@
 online streams, and the errors on bad input. Tiny generated streams; seconds each."""
 import io
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,23 @@ def test_memory_budget_caps_growmem_rows_in_use_and_allocated():
     assert small.max_rows == 16 and small.memory_bytes()["bytes_allocated"] == 16 * per_row + 12
     with pytest.raises(ValueError, match="budget"):
         GrowmemLearner(num_classes=5, budget_bytes=10).step(rs.randn(16, 8).astype(np.float32), np.zeros(16))
+
+
+def test_a_budget_below_the_models_initial_rows_is_refused_naming_what_it_needs():
+    """The default network starts with D0 = 16 rows: a budget that allocates fewer is refused (it used to
+    run past the budget), and the bytes the message names are enough."""
+    from growmem.errors import ConfigError
+
+    per_row = _expected_rows_bytes(1, 8, 5)
+    rs = np.random.RandomState(2)
+    x, y = rs.randn(16, 8).astype(np.float32), rs.randint(0, 5, 16)
+    with pytest.raises(ConfigError, match=r"holds 10 rows per layer .* fewer than its 16 initial rows") as e:
+        GrowmemLearner(num_classes=5, seed=0, budget_bytes=10 * per_row + 12).step(x, y)
+    need = int(re.search(r"at least (\d+) B", str(e.value)).group(1))
+    ok = GrowmemLearner(num_classes=5, seed=0, budget_bytes=need)
+    for _ in range(4):
+        ok.step(x, y)
+    assert ok.memory_bytes()["bytes_allocated"] <= need and ok.rows_allocated >= 16
 
 
 def _mlp_arrays(d_in, hidden, n_out):

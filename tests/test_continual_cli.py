@@ -57,6 +57,18 @@ def test_cli_errors_name_the_valid_choices(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_run_that_cannot_work_as_asked_is_one_line_not_a_traceback(tmp_path):
+    """Errors found when the run starts (the CLI no longer turns every ValueError into a usage line, so
+    each must be growmem's own): a Split-MNIST test set that misses a class (Avalanche's class split
+    raised a KeyError), a budget below the network's initial rows (it used to run past the budget)."""
+    with pytest.raises(SystemExit, match=r"the 1 test images \(test_limit=1\) hold no image of class .*--test-limit"):
+        main(["--stream", "split_mnist", "--test-limit", "1", "--methods", "knn:dct", "--out", str(tmp_path / "a"),
+              "--no-progress"])
+    with pytest.raises(SystemExit, match="initial rows .* raise the budget to at least"):
+        main(["--methods", "net:continual_decay", "--memory-budget", "400", "--n-experiences", "2", "--train-limit",
+              "64", "--test-limit", "32", "--out", str(tmp_path / "b"), "--no-progress"])
+
+
 def test_cli_methods_are_the_apis_names_run_as_given(tmp_path):
     out = tmp_path / "out"
     assert main(["--methods", "net:continual_decay,naive", "--n-experiences", "2", "--train-limit", "64",

@@ -66,7 +66,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from ..reservoir import POLICIES, Slots
-from .errors import require_avalanche, unknown
+from .errors import ConfigError, require_avalanche, unknown
 
 require_avalanche()
 
@@ -138,8 +138,8 @@ def replay_capacity(budget_bytes: int, fixed_bytes: int, sample_bytes: int) -> i
     its optimizer state): budget-matched replay's buffer size."""
     n = (int(budget_bytes) - int(fixed_bytes)) // int(sample_bytes)
     if n < 1:
-        raise ValueError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
-                         f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
+        raise ConfigError(f"a memory budget of {budget_bytes} B does not hold the model and optimizer ({fixed_bytes} "
+                          f"B) plus one sample ({sample_bytes} B): raise --memory-budget")
     return int(n)
 
 
@@ -163,8 +163,8 @@ def er_width(budget_bytes: int, n_in: int, n_classes: int) -> int:
     for h in ER_WIDTHS:
         if 4 * (n_in * h + h + h * n_classes + n_classes) <= budget_bytes // 2:
             return h
-    raise ValueError(f"a memory budget of {budget_bytes} B does not hold an online-replay MLP of {ER_WIDTHS[-1]} "
-                     f"hidden units on {n_in} inputs in half of it: raise --memory-budget")
+    raise ConfigError(f"a memory budget of {budget_bytes} B does not hold an online-replay MLP of {ER_WIDTHS[-1]} "
+                      f"hidden units on {n_in} inputs in half of it: raise --memory-budget")
 
 
 class OnlineReplay(SupervisedPlugin):
@@ -188,7 +188,7 @@ class OnlineReplay(SupervisedPlugin):
         if policy not in POLICIES:
             raise unknown("online replay buffer policy", policy, POLICIES)
         if int(mem_size) < 1 or int(batch_size_mem) < 1:
-            raise ValueError(f"mem_size and batch_size_mem must be >= 1, got {mem_size}, {batch_size_mem}")
+            raise ConfigError(f"mem_size and batch_size_mem must be >= 1, got {mem_size}, {batch_size_mem}")
         self.mem_size, self.batch_size_mem, self.policy = int(mem_size), int(batch_size_mem), policy
         self.n_classes, self.codes, self.normalize = int(n_classes), codes, normalize
         self.rng = np.random.default_rng(int(seed))
@@ -376,15 +376,15 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
                   plugins=list(plugins or []) + extra)
     if er:
         if "mem_size" not in s:
-            raise ValueError(f"{name} needs a memory budget (--memory-budget): its buffer is what the budget holds "
-                             f"beside the model")
+            raise ConfigError(f"{name} needs a memory budget (--memory-budget): its buffer is what the budget holds "
+                              f"beside the model")
         plugin = OnlineReplay(int(s["mem_size"]), int(s["batch_size_mem"]), er.group(1), stream.n_classes,
                               seed=int(seed), codes=codes)
         return Naive(**{**common, "plugins": common["plugins"] + [plugin]})
     if _REPLAY.match(name) or name == "replay_bytes":
         if "mem_size" not in s:
-            raise ValueError("replay_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
-                             "holds beside the model")
+            raise ConfigError("replay_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
+                              "holds beside the model")
         return Replay(mem_size=int(s["mem_size"]), **common)
     if name == "naive":
         return Naive(**common)
@@ -395,8 +395,8 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
         return LwF(alpha=alpha, temperature=s["lwf_temperature"], **common)
     if name in ("gdumb", "gdumb_bytes"):
         if "mem_size" not in s:
-            raise ValueError("gdumb_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
-                             "holds beside the model")
+            raise ConfigError("gdumb_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
+                              "holds beside the model")
         return GDumb(mem_size=int(s["mem_size"]), **common)
     if name == "cumulative":
         return Cumulative(**common)

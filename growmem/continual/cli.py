@@ -254,9 +254,8 @@ def cmd_continual(args) -> int:
 
         try:
             run_continual(**runner_kwargs(args))
-        except (UnknownNameError, DatasetNotFoundError, InputShapeError, ConfigError, CheckpointError,
-                ValueError) as e:
-            raise UsageError(str(e)) from None
+        except (UnknownNameError, DatasetNotFoundError, InputShapeError, ConfigError, CheckpointError) as e:
+            raise UsageError(str(e)) from None     # a run that cannot work as asked; any other error is a bug
     return 0
 
 

@@ -27,6 +27,8 @@ from typing import List, Tuple
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class DriftingTeacher:
@@ -45,13 +47,13 @@ class DriftingTeacher:
     def __post_init__(self):
         for name in ("n_experiences", "samples_per_experience", "test_samples", "d", "hidden"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"drifting_teacher: {name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"drifting_teacher: {name} must be >= 1, got {getattr(self, name)}")
         if self.n_classes < 2:
-            raise ValueError(f"drifting_teacher: n_classes must be >= 2, got {self.n_classes}")
+            raise ConfigError(f"drifting_teacher: n_classes must be >= 2, got {self.n_classes}")
         if not 0.0 <= self.change <= 1.0:
-            raise ValueError(f"drifting_teacher: change must be in [0, 1], got {self.change}")
+            raise ConfigError(f"drifting_teacher: change must be in [0, 1], got {self.change}")
         if self.drift < 0:
-            raise ValueError(f"drifting_teacher: drift must be >= 0, got {self.drift}")
+            raise ConfigError(f"drifting_teacher: drift must be >= 0, got {self.drift}")
 
     # ------------------------------------------------------------------ teachers
     def _fresh(self, rng) -> Tuple[np.ndarray, np.ndarray]:
@@ -114,7 +116,7 @@ class DriftingTeacher:
         if split == "validation":
             rng = np.random.default_rng([self.seed, 3, e])
         elif split != "test":
-            raise ValueError(f"split must be 'test' or 'validation', got {split!r}")
+            raise ConfigError(f"split must be 'test' or 'validation', got {split!r}")
         xt = rng.standard_normal((self.test_samples, self.d)).astype(np.float32)
         yt = self.label(xt.astype(np.float64), end)
         return x, y, xt, yt

@@ -26,7 +26,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .errors import InputShapeError, UnknownNameError
+from .errors import ConfigError, InputShapeError, UnknownNameError
 from .methods import KEY_SETS
 
 #: the default network (policies/continual_growmem.toml): the weighted_softmax preset's readout,
@@ -115,8 +115,8 @@ class GrowmemConfig:
         family, _, keys = str(self.preset).partition(":")
         if family in ORDER_FREE_MODELS:
             if keys not in KEY_SETS or any(v is not None for v in (self.n_blocks, self.max_rows)):
-                raise ValueError(f"{self.preset}: an order-free model takes keys {tuple(KEY_SETS)} and no n_blocks / "
-                                 f"max_rows (bound it with a memory budget)")
+                raise ConfigError(f"{self.preset}: an order-free model takes keys {tuple(KEY_SETS)} and no n_blocks / "
+                                  f"max_rows (bound it with a memory budget)")
             return OrderFreePreset(family, keys, tuple(sorted(self.overrides)))
         try:
             preset = config.load(self.preset, dict(self.overrides))
@@ -147,8 +147,8 @@ class GrowmemConfig:
     def _load_target(self, preset):
         """A target-memory preset with the overrides that apply to it."""
         if self.n_blocks is not None or self.max_rows is not None:
-            raise ValueError(f"preset {preset.name!r} is a target memory (no residual blocks, no row cap): drop "
-                             f"n_blocks / max_rows and bound it with a memory budget (--memory-budget)")
+            raise ConfigError(f"preset {preset.name!r} is a target memory (no residual blocks, no row cap): drop "
+                              f"n_blocks / max_rows and bound it with a memory budget (--memory-budget)")
         preset = self._with_train_overrides(preset)
         return preset
 
@@ -169,7 +169,7 @@ def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
     name a ``layer``) get ``max_rows`` (their ``on_full`` kept), or one is appended last in the chain with
     ``on_full``."""
     if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
     entries = list(preset.policy_entries)
     own = [i for i, (name, _) in enumerate(entries) if name == "capacity"]
     for i in own:
@@ -210,7 +210,7 @@ class GrowmemLearner:
         self.config = config or GrowmemConfig()
         self.preset = self.config.load()
         if int(num_classes) < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+            raise ConfigError(f"num_classes must be >= 2, got {num_classes}")
         self.num_classes = int(num_classes)
         self.input_size = None if input_size is None else int(input_size)
         self.input_shape = None
@@ -270,8 +270,8 @@ class GrowmemLearner:
         y = np.asarray(y).astype(np.int32).reshape(-1)
         if len(y) and (y.min() < 0 or y.max() >= self.num_classes):
             bad = int(y.max()) if y.max() >= self.num_classes else int(y.min())
-            raise ValueError(f"label {bad} is outside the model's {self.num_classes} classes (num_classes="
-                             f"{self.num_classes}); pass num_classes >= {int(y.max()) + 1}")
+            raise InputShapeError(f"label {bad} is outside the model's {self.num_classes} classes (num_classes="
+                                  f"{self.num_classes}); pass num_classes >= {int(y.max()) + 1}")
         return y
 
     # ------------------------------------------------------------------ models
@@ -295,10 +295,10 @@ class GrowmemLearner:
         per_row = bytes_per_row(self.preset, d_in, self.num_classes) + state_per_row
         r = (per_task - other) // per_row
         if r < 1:
-            raise ValueError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
-                             f"model's fixed state ({other} B) plus one row ({per_row} B, d_in={d_in}, "
-                             f"d_out={self.num_classes}); raise the budget")
-        self.rows_allocated = int(r)
+            raise ConfigError(f"memory budget {self.budget_bytes} B ({per_task} B per task) does not hold the "
+                              f"model's fixed state ({other} B) plus one row ({per_row} B, d_in={d_in}, "
+                              f"d_out={self.num_classes}); raise the budget")
+        self.rows_allocated, self._sizes = int(r), (int(other), int(per_row))
         self.max_rows = int(r - self.batch_size if r - self.batch_size >= 1 else r)
         return with_row_cap(self.preset, self.max_rows, self.config.on_full)
 
@@ -336,7 +336,15 @@ class GrowmemLearner:
             rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
             tr = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
             if self.budget_bytes is not None:
-                tr.set_capacity(max(self.rows_allocated, max(tr.rows_in_use().values(), default=0)))
+                d0 = max(tr.rows_in_use().values(), default=0)
+                if d0 > self.rows_allocated:
+                    other, per_row = self._sizes
+                    need = (other + per_row * (d0 + self.batch_size)) * self.n_tasks
+                    raise ConfigError(f"memory budget {self.budget_bytes} B holds {self.rows_allocated} rows per layer "
+                                      f"of the {self.preset.name!r} model, fewer than its {d0} initial rows (D0, "
+                                      f"init_rows) and a batch: raise the budget to at least {need} B or lower "
+                                      f"init_rows")
+                tr.set_capacity(self.rows_allocated)
             self.trainers[key] = tr
         return self.trainers[key]
 

@@ -32,6 +32,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from .errors import ConfigError
+
 
 def _nbytes(tree) -> int:
     """Bytes of every array leaf of a pytree (jax or numpy arrays; PRNG keys by their data)."""
@@ -177,7 +179,7 @@ def stored_sample_bytes(n_features: int, n_classes: int, *, uint8_inputs: bool, 
     label in one byte on a task-incremental stream. ``"float32"``: None, meaning the tensors the
     dataset yields (:func:`dataset_bytes`)."""
     if replay_dtype not in REPLAY_DTYPES:
-        raise ValueError(f"replay_dtype must be one of {', '.join(REPLAY_DTYPES)}, got {replay_dtype!r}")
+        raise ConfigError(f"replay_dtype must be one of {', '.join(REPLAY_DTYPES)}, got {replay_dtype!r}")
     if replay_dtype == "float32":
         return None
     label = 1 if n_classes <= 1 << 8 else 2 if n_classes <= 1 << 16 else 4

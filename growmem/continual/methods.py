@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .errors import UnknownNameError, unknown
+from .errors import ConfigError, UnknownNameError, unknown
 
 GROWMEM = "growmem"
 #: the growmem method each stream runs by default: target memories on the image streams — fixed DCT keys
@@ -162,8 +162,8 @@ def resolve_all(names: Sequence[str], stream: str = "", growmem: Optional[str] =
         twin = next((o for o in out if o.name == m.name), None)
         if twin is not None:
             alias = m.alias or twin.alias
-            raise ValueError(f"method {m.name!r} is listed twice" + (f" ({alias!r} is {m.name})" if alias else ""))
+            raise ConfigError(f"method {m.name!r} is listed twice" + (f" ({alias!r} is {m.name})" if alias else ""))
         out.append(m)
     if not out:
-        raise ValueError(f"no methods to run; choose from {', '.join(valid_methods())}")
+        raise ConfigError(f"no methods to run; choose from {', '.join(valid_methods())}")
     return out

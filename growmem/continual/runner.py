@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import UnknownNameError, require_avalanche, unknown
+from .errors import ConfigError, UnknownNameError, require_avalanche, unknown
 
 require_avalanche()
 
@@ -79,8 +79,8 @@ def learner_config(method: Method, base: Optional[GrowmemConfig], settings: Opti
     over = {**dict(cfg.overrides), **settings.pop("overrides", {})}
     bad = set(settings) - {f.name for f in dataclasses.fields(GrowmemConfig)} - {"preset"}
     if bad:
-        raise ValueError(f"{method.name}: unknown settings {sorted(bad)}; a growmem method takes 'overrides' "
-                         f"and {[f.name for f in dataclasses.fields(GrowmemConfig) if f.name != 'preset']}")
+        raise ConfigError(f"{method.name}: unknown settings {sorted(bad)}; a growmem method takes 'overrides' "
+                          f"and {[f.name for f in dataclasses.fields(GrowmemConfig) if f.name != 'preset']}")
     return dataclasses.replace(cfg, overrides=tuple(sorted(over.items())), **settings)
 
 
@@ -118,19 +118,19 @@ def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool, out=None):
     from growmem.locks import RunFolders
 
     if checkpoint_dir is None and resume:
-        raise ValueError("resume=True needs a checkpoint_dir (--checkpoint-dir DIR)")
+        raise ConfigError("resume=True needs a checkpoint_dir (--checkpoint-dir DIR)")
     root = None if checkpoint_dir is None else Path(checkpoint_dir)
     run_file = None if root is None else root / RUN_FILE
     if run_file is not None and run_file.exists() and not resume:
-        raise ValueError(f"{root} already holds a continual run; pass resume=True (--resume) to continue it, or "
-                         f"use another checkpoint directory")
+        raise ConfigError(f"{root} already holds a continual run; pass resume=True (--resume) to continue it, or "
+                          f"use another checkpoint directory")
     folders = RunFolders("continual", root, resume=resume, out=out)
     try:
         if run_file is not None and run_file.exists():
             diffs = _diff(json.loads(run_file.read_text()).get("config", {}), _jsonable(config))
             if diffs:
-                raise ValueError(f"{root} holds a run with a different configuration; it cannot be resumed with "
-                                 f"this one: " + "; ".join(diffs))
+                raise ConfigError(f"{root} holds a run with a different configuration; it cannot be resumed with "
+                                  f"this one: " + "; ".join(diffs))
         elif run_file is not None:
             _write_json(run_file, {"config": config})
             folders.checkpoints.own(RUN_FILE)   # a run that fails before it saved anything leaves no run.json
@@ -350,8 +350,8 @@ def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[
         size = fixed(narrow)
         if size <= int(budget_bytes) // 2:
             return narrow, size
-    raise ValueError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {B.ER_WIDTHS[-1]} hidden "
-                     f"units and its optimizer state in half of it: raise --memory-budget")
+    raise ConfigError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {B.ER_WIDTHS[-1]} hidden "
+                      f"units and its optimizer state in half of it: raise --memory-budget")
 
 
 def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
@@ -360,8 +360,8 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
     replay the same beside its one-hidden-layer MLP."""
     if B.is_online_replay(method.name):
         if budget is None:
-            raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is "
-                             f"what the budget holds beside the model")
+            raise ConfigError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is "
+                              f"what the budget holds beside the model")
         codes = B.er_codes(method.name, stream.input_size)
         n_in = stream.input_size if codes is None else codes.key_dim
         s = {"hidden_size": B.er_width(budget, n_in, stream.n_classes), **settings}
@@ -373,8 +373,8 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
     if method.name not in BUDGET_MATCHED:
         return settings
     if budget is None:
-        raise ValueError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
-                         f"the budget holds beside the model")
+        raise ConfigError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
+                          f"the budget holds beside the model")
     settings, fixed = budget_fixed_bytes(method.name, stream, budget, settings)
     per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
                                                                                     else 1)
@@ -465,10 +465,10 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
         from growmem.units import parse_size
         budget_bytes = parse_size(budget_bytes)
     if budget_bytes is not None and int(budget_bytes) <= 0:
-        raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        raise ConfigError(f"budget_bytes must be positive, got {budget_bytes}")
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
+        raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
     if isinstance(stream, str) and stream not in STREAMS:
         raise unknown("stream", stream, STREAMS)
     stream_name = stream if isinstance(stream, str) else "user"
@@ -478,8 +478,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     method_settings = dict(method_settings or {})
     unknown_settings = set(method_settings) - {m.name for m in resolved}
     if unknown_settings:
-        raise ValueError(f"method_settings for methods not in the run: {sorted(unknown_settings)}; methods: "
-                         f"{[m.name for m in resolved]}")
+        raise ConfigError(f"method_settings for methods not in the run: {sorted(unknown_settings)}; methods: "
+                          f"{[m.name for m in resolved]}")
     configs = {m.name: learner_config(m, base, method_settings.get(m.name)) for m in resolved if m.kind == "learner"}
     for cfg in configs.values():
         cfg.load()   # an unknown preset or a bad override fails here, before anything runs
@@ -487,7 +487,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     if isinstance(epochs, dict):
         bad = set(epochs) - set(methods)
         if bad:
-            raise ValueError(f"epochs given for methods not in the run: {sorted(bad)}; methods: {methods}")
+            raise ConfigError(f"epochs given for methods not in the run: {sorted(bad)}; methods: {methods}")
     if prequential is None:
         prequential = stream_name == "drifting_teacher"
     if threads:

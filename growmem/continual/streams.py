@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import DatasetNotFoundError, require_avalanche, unknown
+from .errors import ConfigError, DatasetNotFoundError, require_avalanche, unknown
 
 require_avalanche()
 
@@ -127,7 +127,7 @@ def validation_indices(y, seed: int, fraction: float = VALIDATION_FRACTION) -> T
     """``(train_idx, val_idx)``: ``fraction`` of each class's training samples held out (at least one per
     class), chosen by ``seed`` alone, so every method and every tuning run sees the same split."""
     if not 0.0 < fraction < 1.0:
-        raise ValueError(f"the validation fraction must be in (0, 1), got {fraction}")
+        raise ConfigError(f"the validation fraction must be in (0, 1), got {fraction}")
     y = np.asarray(y).reshape(-1)
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x76616C]))
     val = []
@@ -206,8 +206,8 @@ def _mnist_family(name, *, seed, n_experiences, task_labels, data_dir, download,
     info = {"source": "avalanche download" if download else "local IDX files", "seed": seed, "split": split}
     if download:
         if train_limit is not None or test_limit is not None or split != "test":
-            raise ValueError(f"{name}: train_limit/test_limit and split='validation' apply to the offline streams "
-                             f"only (download=False)")
+            raise ConfigError(f"{name}: train_limit/test_limit and split='validation' apply to the offline streams "
+                              f"only (download=False)")
         from avalanche.benchmarks.classic import PermutedMNIST, RotatedMNIST, SplitMNIST
         cls = {"split_mnist": SplitMNIST, "permuted_mnist": PermutedMNIST, "rotated_mnist": RotatedMNIST}[name]
         bm = cls(n, return_task_id=task_labels, seed=seed, dataset_root=data_dir)
@@ -217,6 +217,13 @@ def _mnist_family(name, *, seed, n_experiences, task_labels, data_dir, download,
         test = ArrayDataset(xte, yte, (1, 28, 28), "mnist-test" if split == "test" else "mnist-validation")
         tr_t, ev_t = _mnist_transforms()
         if name == "split_mnist":
+            for part, y, flag, limit in (("training", ytr, "train_limit", train_limit),
+                                         ("test", yte, "test_limit", test_limit)):
+                missing = sorted(set(range(10)) - set(np.unique(np.asarray(y)).tolist()))
+                if missing:   # Avalanche's class split needs every class on both sides (else a KeyError)
+                    raise ConfigError(f"{name}: the {len(y)} {part} images ({flag}={limit}) hold no image of "
+                                      f"class {', '.join(map(str, missing))}; every class must appear: raise "
+                                      f"{flag} (--{flag.replace('_', '-')})")
             # the calls of avalanche.benchmarks.classic.SplitMNIST (defaults: shuffle=True)
             bm = nc_benchmark(train_dataset=train, test_dataset=test, n_experiences=n, task_labels=task_labels,
                               seed=seed, shuffle=True, train_transform=tr_t, eval_transform=ev_t)
@@ -274,9 +281,9 @@ def _cifar_roots(name, data_dir) -> List[Path]:
 
 def _cifar(name, *, seed, n_experiences, task_labels, data_dir, download, train_limit, test_limit, split="test"):
     if split != "test":
-        raise ValueError(f"{name}: split='validation' is implemented for the MNIST family and drifting_teacher")
+        raise ConfigError(f"{name}: split='validation' is implemented for the MNIST family and drifting_teacher")
     if train_limit is not None or test_limit is not None:
-        raise ValueError(f"{name}: train_limit/test_limit apply to the MNIST family and drifting_teacher only")
+        raise ConfigError(f"{name}: train_limit/test_limit apply to the MNIST family and drifting_teacher only")
     _, folder = _CIFAR_DIRS[name]
     roots = _cifar_roots(name, data_dir)
     root = next((r for r in roots if (r / folder).is_dir()), None)
@@ -304,7 +311,7 @@ def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_lim
     from .drifting import DriftingTeacher
 
     if task_labels:
-        raise ValueError("drifting_teacher has no task labels (the point is that nobody announces the change)")
+        raise ConfigError("drifting_teacher has no task labels (the point is that nobody announces the change)")
     kw = dict(options)
     if n_experiences:
         kw["n_experiences"] = n_experiences
@@ -316,7 +323,7 @@ def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_lim
         dt = DriftingTeacher(seed=seed, **kw)
     except TypeError as e:
         valid = [f.name for f in dataclasses.fields(DriftingTeacher) if f.name != "seed"]
-        raise ValueError(f"drifting_teacher: {e}; its options are {', '.join(valid)}") from None
+        raise ConfigError(f"drifting_teacher: {e}; its options are {', '.join(valid)}") from None
     return Stream("drifting_teacher", dt.benchmark(split), dt.n_classes, (dt.d,), dt.n_experiences, (0,), "drift",
                   {"shuffle": False}, {"settings": dataclasses.asdict(dt), "split": split})
 
@@ -330,7 +337,7 @@ def describe_benchmark(benchmark, name: str = "user") -> Stream:
                         f"train_stream and test_stream, got {type(benchmark).__name__}")
     train = list(benchmark.train_stream)
     if not train:
-        raise ValueError("the benchmark's train_stream has no experiences")
+        raise ConfigError("the benchmark's train_stream has no experiences")
     n_classes = getattr(benchmark, "n_classes", None)
     if not isinstance(n_classes, int):
         labels = set()
@@ -367,12 +374,12 @@ def make_stream(stream, *, seed: int = 0, data_dir=None, download: bool = False,
     if not isinstance(stream, str):
         if any(v is not None for v in (n_experiences, train_limit, test_limit)) or options or task_labels \
                 or split != "test":
-            raise ValueError("stream options apply to named streams, not to a benchmark object")
+            raise ConfigError("stream options apply to named streams, not to a benchmark object")
         return describe_benchmark(stream)
     if stream not in _BUILDERS:
         raise unknown("stream", stream, STREAMS)
     if options and stream != "drifting_teacher":
-        raise ValueError(f"{stream} takes no options {sorted(options)} (they are drifting_teacher settings)")
+        raise ConfigError(f"{stream} takes no options {sorted(options)} (they are drifting_teacher settings)")
     return _BUILDERS[stream](stream, seed=seed, n_experiences=n_experiences, task_labels=task_labels,
                              data_dir=data_dir, download=download, train_limit=train_limit, test_limit=test_limit,
                              split=split, **options) if stream != "drifting_teacher" else \
