@@ -413,7 +413,7 @@ def test_unknown_experiment_and_preset_are_explained(tmp_path):
     assert "'no-such-experiment'" in msg and all(n in msg for n in NAMES)
     assert isinstance(e.value, repro.ReproError)
 
-    with pytest.raises(repro.UnknownPresetError) as e:
+    with pytest.raises(repro.UnknownReproPresetError) as e:
         repro.run("single-pass", "fast", out=tmp_path, progress=False)
     assert "'fast'" in str(e.value) and "smoke, cpu, paper" in str(e.value)
 

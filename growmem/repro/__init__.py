@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
-from .core import (DEFAULT_OUT, PRESETS, Experiment, ReproError, UnknownExperimentError, UnknownPresetError,
+from .core import (DEFAULT_OUT, PRESETS, Experiment, ReproError, UnknownExperimentError, UnknownReproPresetError,
                    check_data, command_line, merge, write_results)
 
 #: experiment name -> module (imported on first use)
@@ -38,7 +38,7 @@ MODULES = {
     "vit-ffn": "vit_ffn",
 }
 
-__all__ = ["MODULES", "PRESETS", "Experiment", "ReproError", "UnknownExperimentError", "UnknownPresetError",
+__all__ = ["MODULES", "PRESETS", "Experiment", "ReproError", "UnknownExperimentError", "UnknownReproPresetError",
            "get", "names", "listing", "run", "DEFAULT_OUT"]
 
 
@@ -73,7 +73,7 @@ def run(name: str, preset: str, *, out=None, data_dir=None, download: bool = Fal
     from .core import Context
     exp = get(name)
     if preset not in PRESETS:
-        raise UnknownPresetError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+        raise UnknownReproPresetError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
     cfg = merge(exp.preset(preset), overrides)
     out = Path(DEFAULT_OUT if out is None else out)
     check_data(exp.datasets(cfg), data_dir, download=download, who=f"{name} --preset {preset} ")

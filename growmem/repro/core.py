@@ -46,7 +46,7 @@ class UnknownExperimentError(ReproError, KeyError):
         return self.args[0] if self.args else ""
 
 
-class UnknownPresetError(ReproError, KeyError):
+class UnknownReproPresetError(ReproError, KeyError):
     """No preset of that name; the message lists the valid ones."""
 
     def __str__(self):
@@ -78,7 +78,7 @@ class Experiment:
 
     def preset(self, name: str) -> dict:
         if name not in self.presets:
-            raise UnknownPresetError(f"unknown preset {name!r} for {self.name}; valid presets: "
+            raise UnknownReproPresetError(f"unknown preset {name!r} for {self.name}; valid presets: "
                                      f"{', '.join(p for p in PRESETS if p in self.presets)}")
         return copy.deepcopy(self.presets[name])
 
