@@ -109,6 +109,17 @@ SPILLING = textwrap.dedent("""
         sizes = np.asarray(m.size)
         assert sizes.max() <= 256, sizes                                     # each shard within its budget
         assert len(os.listdir(os.path.join(sys.argv[1], "cold", "/".join(path)))) == 4   # a tier per shard
+    # a model preallocated past the budget (1,024 rows a shard) is cut back to it and spills the same rows
+    # (the budget used to be checked only once a shard's block was full: nothing spilled)
+    big = Trainer(ResidualGrowingNet(d_out=2, n_blocks=1, block=spec, readout=spec, capacity=4096),
+                  loss="squared_error", sample_input=x[:1], policy=pol(),
+                  backend=Sharded(tiered=Tiered(os.path.join(sys.argv[1], "cold_big"),
+                                                ram_budget_bytes=tier.ram_budget_bytes, chunk_rows=CHUNK)))
+    for i in range(STEPS):
+        big.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+    for m in big.memories().values():
+        assert m.capacity // 4 <= 256 and np.asarray(m.size).max() <= 256, (m.capacity, np.asarray(m.size))
+    assert big.cold_rows() == cold and big.rows_in_use() == tr.rows_in_use(), (big.cold_rows(), cold)
     order = lambda rows: np.lexsort((rows["k"][:, 0], rows["born"]))
     for name, r in ref.host_rows().items():
         g = tr.host_rows()[name]

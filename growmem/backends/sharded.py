@@ -288,8 +288,10 @@ class Sharded(RAM):
         if isinstance(mem.size, jax.Array) and mem.size.ndim == 1:      # already sharded rows (a restore)
             return self._put(mem.replace(backend=self))
         rows = mem.rows()
-        return self.from_rows(rows, spec=mem.spec, t=int(mem.t), capacity_per_shard=mem.capacity // self.n_shards,
-                              policy=mem.policy, name=name)
+        cs = mem.capacity // self.n_shards
+        if self.tiered is not None:   # preallocated past a shard's RAM budget: give the room back (as Tiered.attach)
+            cs = min(cs, memlib.round_capacity(self.tiered.hot_rows_per_layer))
+        return self.from_rows(rows, spec=mem.spec, t=int(mem.t), capacity_per_shard=cs, policy=mem.policy, name=name)
 
     def from_rows(self, rows: Dict[str, np.ndarray], *, spec, t: int = 0, capacity_per_shard: int = 0,
                   policy=None, name: str = "memory", next_shard: Optional[int] = None):
@@ -369,16 +371,25 @@ class Sharded(RAM):
     def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit=None):
         # limit (a capacity policy's max_rows) is not used: shards fill unevenly after evictions
         cs = self.block(mem)
+        hot = None if self.tiered is None else self.tiered.hot_rows_per_layer
+        exact = None
+        if hot is not None and bound + extra > hot:
+            # the RAM budget first (as Tiered.prepare): a shard whose rows would pass it spills, whatever room
+            # its block has left
+            exact = self.fill(mem)
+            if exact + extra > hot:
+                spilled = self.tiered.spill_shards(self, mem, extra)
+                if spilled is not None:
+                    return spilled, self.fill(spilled)
+            bound = exact
         if bound + extra <= cs:
-            return mem, None
+            return mem, exact
         exact = self.fill(mem)
         if exact + extra <= cs:
             return mem, exact
-        if self.tiered is not None:
-            spilled = self.tiered.spill_shards(self, mem, extra)
-            if spilled is not None:
-                return spilled, self.fill(spilled)
         new_cs = memlib.round_capacity(max(exact + extra, int(np.ceil(cs * growth))))
+        if hot is not None:         # a block never grows past the budget (exact + extra <= hot here)
+            new_cs = max(memlib.round_capacity(exact + extra), min(new_cs, memlib.round_capacity(hot)))
         new_cap = new_cs * self.n_shards
         grown = mem.replace(**{f: self.resize_rows(getattr(mem, f), mem.capacity, new_cap) for f in memlib.FIELDS})
         return grown, exact
