@@ -262,7 +262,11 @@ class Sharded(RAM):
         if not isinstance(x, (jax.Array, np.ndarray)) or isinstance(x, jax.core.Tracer):
             return x
         if isinstance(x, jax.Array) and getattr(x.sharding, "mesh", None) == self.mesh:
-            return x
+            if x.sharding.is_fully_replicated:
+                return x
+            # split over the mesh (a per-shard count summed on the host side of a spill): gathered, in every
+            # process at once, so that host_value reads the whole of it, not this process's piece
+            return jax.jit(lambda a: a, out_shardings=self.replicated())(x)
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             data = jax.random.key_data(x)
             return jax.random.wrap_key_data(self.place(data), impl=jax.random.key_impl(x))

@@ -637,6 +637,9 @@ class ColdRef:
 
 # open cold stores of this process, by ColdRef.key (a view in a jitted program finds its tier here)
 _STORES: Dict[str, Any] = {}
+# cold rows of every shard of a sharded layer, by ColdRef.key, as last gathered (every process knows all of them;
+# the view's ``n`` holds only this process's shards)
+_SHARD_COUNTS: Dict[str, np.ndarray] = {}
 
 
 def _store(key: str, shard: int = 0) -> "ColdStore":
@@ -1103,6 +1106,7 @@ class Tiered(RAM):
     def _install_shard_view(self, sharded, mem, key, local_rows: Dict[int, int], chunk):
         s = sharded.n_shards
         counts = _allgather_counts(sharded, local_rows, mem)
+        _SHARD_COUNTS[key] = counts.copy()
         ref = ColdRef(key, mem.d_in, mem.d_out, chunk, str(np.dtype(mem.k.dtype)))
         n = jax.make_array_from_callback((s,), sharded.rows_sharding(), lambda idx: counts[idx].astype(np.int32))
         view = ColdView(n=n, ref=ref, max_chunks=_chunk_bound(int(counts.max(initial=0)), chunk))
@@ -1140,8 +1144,10 @@ class Tiered(RAM):
         return self._install_shard_view(sharded, moved, view.ref.key, {j: s.rows for j, s in stores.items()}, c)
 
     def cold_rows_total(self, mem) -> int:
-        return int(np.asarray(jax.device_get([p.data for p in mem.ext["cold"].n.addressable_shards])).sum()) \
-            if jax.process_count() > 1 else int(np.asarray(mem.ext["cold"].n).sum())
+        """Cold rows of every shard (in any process: the counts gathered when the view was installed)."""
+        if jax.process_count() > 1:
+            return int(_SHARD_COUNTS[mem.ext["cold"].ref.key].sum())
+        return int(np.asarray(mem.ext["cold"].n).sum())
 
     def shard_cold_rows(self, mem, shard: int) -> Dict[str, np.ndarray]:
         return _store(mem.ext["cold"].ref.key, shard).all_rows(int(np.asarray(mem.t.addressable_data(0))))
