@@ -177,3 +177,21 @@ def test_every_exception_class_of_growmem_is_a_growmem_error():
                     and not issubclass(cls, GrowmemError):
                 outside.append(f"{name}.{cls_name}")
     assert outside == [], outside
+
+
+def test_no_two_exception_classes_share_a_name():
+    """An error is named once: ``except UnknownPresetError`` cannot mean two classes (config's preset file
+    and repro's scale were both called that)."""
+    import importlib
+    import inspect as pyinspect
+
+    seen = {}
+    for name in sorted(_modules()):
+        if name.endswith("__main__"):
+            continue
+        for cls_name, cls in vars(importlib.import_module(name)).items():
+            if pyinspect.isclass(cls) and issubclass(cls, BaseException) and cls.__module__ == name:
+                seen.setdefault(cls_name, set()).add(name)
+    twice = {n: sorted(mods) for n, mods in seen.items() if len(mods) > 1}
+    assert twice == {}, twice
+    assert len(seen) > 15, sorted(seen)      # the walk found growmem's errors (not vacuous)
