@@ -214,11 +214,11 @@ class GrowmemLearner:
         self.num_classes = int(num_classes)
         self.input_size = None if input_size is None else int(input_size)
         self.input_shape = None
-        #: the per-task models are memories with observe/predict/state (a target memory or an order-free
-        #: model), not Trainers
-        self.is_target = getattr(self.preset, "kind", None) in ("target", "order_free")
-        if budget_bytes is None and self.is_target:
-            budget_bytes = getattr(self.preset, "budget_bytes", None)   # the preset's own budget, if it has one
+        #: what the per-task models are: memories with observe/predict/state (a target memory or an order-free
+        #: model), or Trainers of a growing network — every difference between the two lives there
+        self.models = _Memories() if getattr(self.preset, "kind", None) in ("target", "order_free") else _Networks()
+        if budget_bytes is None:
+            budget_bytes = self.models.own_budget(self.preset)   # a memory preset's own budget, if it has one
         self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
         self.n_tasks = max(1, int(n_tasks))
         self.seed = int(seed)
@@ -238,13 +238,7 @@ class GrowmemLearner:
         return max(1, int(math.ceil(float(self.preset.settings["epochs"]))))
 
     def describe(self) -> dict:
-        if self.is_target:
-            return {"config": self.config.describe(), "preset_path": self.preset.path, "kind": "target",
-                    "batch_size": self.batch_size, "epochs": self.epochs, "budget_bytes": self.budget_bytes,
-                    "tasks": {k: t.describe() for k, t in sorted(self.trainers.items())}}
-        return {"config": self.config.describe(), "preset_path": self.preset.path, "n_blocks": self.preset.n_blocks,
-                "batch_size": self.batch_size, "epochs": self.epochs, "readout": repr(self.preset.readout),
-                "max_rows": self.max_rows, "budget_bytes": self.budget_bytes, "tasks": sorted(self.trainers)}
+        return self.models.describe(self)
 
     # ------------------------------------------------------------------ inputs
     def as_inputs(self, x) -> np.ndarray:
@@ -323,35 +317,33 @@ class GrowmemLearner:
         """The model of ``task`` (built on first use)."""
         key = self.task_key(task)
         if key not in self.trainers:
-            import jax
-
-            d_in = int(d_in or self.input_size)
-            if self.is_target:
-                per_task = None if self.budget_bytes is None else self.budget_bytes // self.n_tasks
-                self.trainers[key] = self.preset.memory(d_in, self.num_classes, budget_bytes=per_task,
-                                                        seed=self.seed * 1000 + int(task))
-                return self.trainers[key]
-            d_feat = self._features(np.zeros((1, d_in), np.float32)).shape[1]
-            preset = self._cap_preset(d_feat)
-            rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
-            tr = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
-            if self.budget_bytes is not None:
-                d0 = max(tr.rows_in_use().values(), default=0)
-                if d0 > self.rows_allocated:
-                    other, per_row = self._sizes
-                    need = (other + per_row * (d0 + self.batch_size)) * self.n_tasks
-                    raise ConfigError(f"memory budget {self.budget_bytes} B holds {self.rows_allocated} rows per layer "
-                                      f"of the {self.preset.name!r} model, fewer than its {d0} initial rows (D0, "
-                                      f"init_rows) and a batch: raise the budget to at least {need} B or lower "
-                                      f"init_rows")
-                tr.set_capacity(self.rows_allocated)
-            self.trainers[key] = tr
+            self.trainers[key] = self.models.build(self, int(task), int(d_in or self.input_size))
         return self.trainers[key]
+
+    def _build_network(self, task: int, d_in: int):
+        """A growing network's Trainer for ``task``: its rows capped by the budget, allocated exactly."""
+        import jax
+
+        d_feat = self._features(np.zeros((1, d_in), np.float32)).shape[1]
+        preset = self._cap_preset(d_feat)
+        rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
+        tr = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
+        if self.budget_bytes is not None:
+            d0 = max(tr.rows_in_use().values(), default=0)
+            if d0 > self.rows_allocated:
+                other, per_row = self._sizes
+                need = (other + per_row * (d0 + self.batch_size)) * self.n_tasks
+                raise ConfigError(f"memory budget {self.budget_bytes} B holds {self.rows_allocated} rows per layer "
+                                  f"of the {self.preset.name!r} model, fewer than its {d0} initial rows (D0, "
+                                  f"init_rows) and a batch: raise the budget to at least {need} B or lower "
+                                  f"init_rows")
+            tr.set_capacity(self.rows_allocated)
+        return tr
 
     def _features(self, x: np.ndarray):
         """What a network preset's Trainer reads for inputs ``x``: its ``[inputs]`` key space's features
-        (:meth:`growmem.config.Preset.features`), or ``x``."""
-        if self.is_target:
+        (:meth:`growmem.config.Preset.features`), or ``x`` (a memory preset's keys are its own)."""
+        if not self.models.reads_features:
             return x
         if self._space is None and self.preset.inputs:
             self._space = self.preset.input_space(x.shape[1])
@@ -368,8 +360,7 @@ class GrowmemLearner:
             idx = np.flatnonzero(tasks == task)
             tr = self.trainer_for(int(task), x.shape[1])
             sel = slice(None) if len(idx) == len(x) else idx
-            out[self.task_key(task)] = tr.observe(x[sel], y[sel]) if self.is_target else \
-                tr.step(self._features(x[sel]), y[sel])
+            out[self.task_key(task)] = self.models.observe(tr, self._features(x[sel]), y[sel])
         return out
 
     def predict(self, x, t=None, batch_size: int = 1024) -> np.ndarray:
@@ -388,14 +379,13 @@ class GrowmemLearner:
         return out
 
     def rows_in_use(self) -> Dict[str, int]:
-        if self.is_target:
-            return {f"{k}/regime{j}": n for k, t in self.trainers.items() for j, n in enumerate(t.rows_per_regime())}
-        return {f"{k}/{layer}": n for k, t in self.trainers.items() for layer, n in t.rows_in_use().items()}
+        return {f"{k}/{part}": n for k, t in self.trainers.items() for part, n in self.models.rows(t).items()}
 
     def memory_bytes(self) -> dict:
-        from .memory_bytes import growmem_bytes, target_bytes
-        if self.is_target:
-            return target_bytes(self.trainers)
+        return self.models.memory_bytes(self)
+
+    def _network_bytes(self) -> dict:
+        from .memory_bytes import growmem_bytes
         out = growmem_bytes(self.trainers)
         if self._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
             extra = int(self._space.nbytes())
@@ -406,7 +396,7 @@ class GrowmemLearner:
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:
         """Save every task model's state with the core ``Checkpointer`` (one checkpoint)."""
-        state = {k: (t.state() if self.is_target else t.state) for k, t in self.trainers.items()}
+        state = {k: self.models.state(t) for k, t in self.trainers.items()}
         extra = {**(extra or {}), "learner": {"tasks": sorted(self.trainers), "input_size": self.input_size,
                                               "input_shape": list(self.input_shape or ()),
                                               "max_rows": self.max_rows}}
@@ -422,15 +412,17 @@ class GrowmemLearner:
             self.input_shape = tuple(info.get("input_shape") or (self.input_size,))
         for key in info.get("tasks", []):
             self.trainer_for(int(key[len("task"):]), self.input_size)
-        if self.is_target:
-            return self._restore_target(checkpointer, meta, config)
+        return self.models.restore(self, checkpointer, meta, step, config)
+
+    def _restore_networks(self, checkpointer, step, config):
+        """Trainers: their states restored into templates of their shapes."""
         template = {k: t.state for k, t in self.trainers.items()} or None
         r = checkpointer.restore(template, step, config=config)
         for k, t in self.trainers.items():
             t.set_state(r.state[k])
         return r
 
-    def _restore_target(self, checkpointer, meta, config):
+    def _restore_memories(self, checkpointer, meta, config):
         """Target memories hold rows of any count: read the saved arrays by path (checked
         against their checksums) instead of into a template of fixed shapes."""
         from growmem.checkpoint import ConfigMismatchError, Restored
@@ -453,3 +445,90 @@ class GrowmemLearner:
         return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
                         config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
                         stores={})
+
+
+class _Memories:
+    """The per-task models of a target-memory or order-free preset: each a memory with ``observe``,
+    ``predict``, ``state()`` / ``load_state`` and rows per key regime; it reads the raw inputs (its key
+    space is its own) and takes the budget whole."""
+
+    reads_features = False
+
+    @staticmethod
+    def own_budget(preset):
+        return getattr(preset, "budget_bytes", None)
+
+    @staticmethod
+    def build(learner, task: int, d_in: int):
+        per_task = None if learner.budget_bytes is None else learner.budget_bytes // learner.n_tasks
+        return learner.preset.memory(d_in, learner.num_classes, budget_bytes=per_task,
+                                     seed=learner.seed * 1000 + int(task))
+
+    @staticmethod
+    def observe(model, x, y) -> dict:
+        return model.observe(x, y)
+
+    @staticmethod
+    def rows(model) -> Dict[str, int]:
+        return {f"regime{j}": n for j, n in enumerate(model.rows_per_regime())}
+
+    @staticmethod
+    def memory_bytes(learner) -> dict:
+        from .memory_bytes import target_bytes
+        return target_bytes(learner.trainers)
+
+    @staticmethod
+    def state(model):
+        return model.state()
+
+    @staticmethod
+    def restore(learner, checkpointer, meta, step, config):
+        return learner._restore_memories(checkpointer, meta, config)
+
+    @staticmethod
+    def describe(learner) -> dict:
+        return {"config": learner.config.describe(), "preset_path": learner.preset.path, "kind": "target",
+                "batch_size": learner.batch_size, "epochs": learner.epochs, "budget_bytes": learner.budget_bytes,
+                "tasks": {k: t.describe() for k, t in sorted(learner.trainers.items())}}
+
+
+class _Networks:
+    """The per-task models of a growing-network preset: each a ``Trainer`` (``step``, a fixed-shape
+    state), reading the preset's input features, its rows capped by the budget."""
+
+    reads_features = True
+
+    @staticmethod
+    def own_budget(preset):
+        return None
+
+    @staticmethod
+    def build(learner, task: int, d_in: int):
+        return learner._build_network(task, d_in)
+
+    @staticmethod
+    def observe(model, x, y) -> dict:
+        return model.step(x, y)
+
+    @staticmethod
+    def rows(model) -> Dict[str, int]:
+        return model.rows_in_use()
+
+    @staticmethod
+    def memory_bytes(learner) -> dict:
+        return learner._network_bytes()
+
+    @staticmethod
+    def state(model):
+        return model.state
+
+    @staticmethod
+    def restore(learner, checkpointer, meta, step, config):
+        return learner._restore_networks(checkpointer, step, config)
+
+    @staticmethod
+    def describe(learner) -> dict:
+        return {"config": learner.config.describe(), "preset_path": learner.preset.path,
+                "n_blocks": learner.preset.n_blocks, "batch_size": learner.batch_size, "epochs": learner.epochs,
+                "readout": repr(learner.preset.readout), "max_rows": learner.max_rows,
+                "budget_bytes": learner.budget_bytes, "tasks": sorted(learner.trainers)}
