@@ -168,14 +168,18 @@ class _List(list):
 
 
 def _without(doc, path):
-    doc = copy.deepcopy(doc)
-    parent = doc
+    """``doc`` without the key at ``path``: the containers on the path copied (the rest shared, never
+    changed), so a large results file is not deep-copied once per key; None when the key is a list's."""
+    root = copy.copy(doc)
+    parent = root
     for key in path[:-1]:
-        parent = parent[key]
+        child = copy.copy(parent[key])
+        parent[key] = child
+        parent = child
     if not isinstance(parent, dict):
         return None
     del parent[path[-1]]
-    return doc
+    return root
 
 
 @pytest.mark.parametrize("name", sorted(n for n, r in render.RENDERERS.items()
