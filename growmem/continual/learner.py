@@ -14,9 +14,10 @@ Class- and domain-incremental streams carry one task label, hence one model.
 
 **Memory budget**: ``budget_bytes`` caps every model with a ``capacity(max_rows, on_full)``
 policy appended to each layer's chain, ``max_rows`` chosen so that the rows plus the model's
-other state fit the budget (split evenly over ``n_tasks``) both in use and as allocated: the
-initial capacity is ``max_rows + batch`` rows (whole 256-row quanta), so the trainer never
-allocates beyond it.
+other state fit the budget (split evenly over ``n_tasks``) both in use and as allocated: every
+memory allocates exactly the ``max_rows + batch`` rows the budget holds (``Trainer.set_capacity``,
+no 256-row quanta), and the trainer never allocates beyond them. A budget below the model's
+initial rows (D0) is refused.
 """
 from __future__ import annotations
 
@@ -277,7 +278,7 @@ class GrowmemLearner:
         """The preset with the row cap the budget allows (or the preset itself).
 
         The rows the budget holds, ``R = (budget - other state) // bytes per row``, are what the model's
-        memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in :meth:`trainer_for`);
+        memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in :meth:`_build_network`);
         ``max_rows = R - batch`` rows are kept so that a step's candidates fit in them too (``R`` when the
         budget holds no more than one batch)."""
         if self.budget_bytes is None:
