@@ -115,7 +115,7 @@ def _cross(center: dict, **axes):
 
 
 TUNE_GRID = {
-    "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12)],
+    "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": (0.125, 0.25, 0.5, 2.0, 4.0),
                                                      "readout.beta": (0.3, 3.0)}),
