@@ -278,7 +278,7 @@ class GrowmemLearner:
         """The preset with the row cap the budget allows (or the preset itself).
 
         The rows the budget holds, ``R = (budget - other state) // bytes per row``, are what the model's
-        memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in :meth:`_build_network`);
+        memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in ``_Networks.build``);
         ``max_rows = R - batch`` rows are kept so that a step's candidates fit in them too (``R`` when the
         budget holds no more than one batch)."""
         if self.budget_bytes is None:
@@ -320,26 +320,6 @@ class GrowmemLearner:
         if key not in self.trainers:
             self.trainers[key] = self.models.build(self, int(task), int(d_in or self.input_size))
         return self.trainers[key]
-
-    def _build_network(self, task: int, d_in: int):
-        """A growing network's Trainer for ``task``: its rows capped by the budget, allocated exactly."""
-        import jax
-
-        d_feat = self._features(np.zeros((1, d_in), np.float32)).shape[1]
-        preset = self._cap_preset(d_feat)
-        rng = jax.random.fold_in(jax.random.key(self.seed), int(task))
-        tr = preset.trainer(np.zeros((1, d_feat), np.float32), self.num_classes, rng=rng)
-        if self.budget_bytes is not None:
-            d0 = max(tr.rows_in_use().values(), default=0)
-            if d0 > self.rows_allocated:
-                other, per_row = self._sizes
-                need = (other + per_row * (d0 + self.batch_size)) * self.n_tasks
-                raise ConfigError(f"memory budget {self.budget_bytes} B holds {self.rows_allocated} rows per layer "
-                                  f"of the {self.preset.name!r} model, fewer than its {d0} initial rows (D0, "
-                                  f"init_rows) and a batch: raise the budget to at least {need} B or lower "
-                                  f"init_rows")
-            tr.set_capacity(self.rows_allocated)
-        return tr
 
     def _features(self, x: np.ndarray):
         """What a network preset's Trainer reads for inputs ``x``: its ``[inputs]`` key space's features
@@ -385,15 +365,6 @@ class GrowmemLearner:
     def memory_bytes(self) -> dict:
         return self.models.memory_bytes(self)
 
-    def _network_bytes(self) -> dict:
-        from .memory_bytes import growmem_bytes
-        out = growmem_bytes(self.trainers)
-        if self._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
-            extra = int(self._space.nbytes())
-            out.update(other_bytes=out["other_bytes"] + extra, bytes_in_use=out["bytes_in_use"] + extra,
-                       bytes_allocated=out["bytes_allocated"] + extra)
-        return out
-
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:
         """Save every task model's state with the core ``Checkpointer`` (one checkpoint)."""
@@ -414,38 +385,6 @@ class GrowmemLearner:
         for key in info.get("tasks", []):
             self.trainer_for(int(key[len("task"):]), self.input_size)
         return self.models.restore(self, checkpointer, meta, step, config)
-
-    def _restore_networks(self, checkpointer, step, config):
-        """Trainers: their states restored into templates of their shapes."""
-        template = {k: t.state for k, t in self.trainers.items()} or None
-        r = checkpointer.restore(template, step, config=config)
-        for k, t in self.trainers.items():
-            t.set_state(r.state[k])
-        return r
-
-    def _restore_memories(self, checkpointer, meta, config):
-        """Target memories hold rows of any count: read the saved arrays by path (checked
-        against their checksums) instead of into a template of fixed shapes."""
-        from growmem.checkpoint import ConfigMismatchError, Restored
-        from growmem.checkpoint.manager import diff
-
-        step = int(meta["step"])
-        if config is not None and meta.get("config") is not None:
-            import json
-            diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
-            if diffs:
-                raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
-                                          f"different config: " + "; ".join(diffs))
-        arrays = checkpointer.read_arrays(step, meta)
-        states: Dict[str, dict] = {}
-        for entry in meta["leaves"]:
-            task, _, name = entry["path"].partition("/")
-            states.setdefault(task, {})[name] = arrays[entry["host"]]
-        for key, t in self.trainers.items():
-            t.load_state(states[key])
-        return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
-                        config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
-                        stores={})
 
 
 class _Memories:
@@ -484,7 +423,28 @@ class _Memories:
 
     @staticmethod
     def restore(learner, checkpointer, meta, step, config):
-        return learner._restore_memories(checkpointer, meta, config)
+        """Target memories hold rows of any count: read the saved arrays by path (checked
+        against their checksums) instead of into a template of fixed shapes."""
+        from growmem.checkpoint import ConfigMismatchError, Restored
+        from growmem.checkpoint.manager import diff
+
+        step = int(meta["step"])
+        if config is not None and meta.get("config") is not None:
+            import json
+            diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
+            if diffs:
+                raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
+                                          f"different config: " + "; ".join(diffs))
+        arrays = checkpointer.read_arrays(step, meta)
+        states: Dict[str, dict] = {}
+        for entry in meta["leaves"]:
+            task, _, name = entry["path"].partition("/")
+            states.setdefault(task, {})[name] = arrays[entry["host"]]
+        for key, t in learner.trainers.items():
+            t.load_state(states[key])
+        return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
+                        config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
+                        stores={})
 
     @staticmethod
     def describe(learner) -> dict:
@@ -505,7 +465,24 @@ class _Networks:
 
     @staticmethod
     def build(learner, task: int, d_in: int):
-        return learner._build_network(task, d_in)
+        """A growing network's Trainer for ``task``: its rows capped by the budget, allocated exactly."""
+        import jax
+
+        d_feat = learner._features(np.zeros((1, d_in), np.float32)).shape[1]
+        preset = learner._cap_preset(d_feat)
+        rng = jax.random.fold_in(jax.random.key(learner.seed), int(task))
+        tr = preset.trainer(np.zeros((1, d_feat), np.float32), learner.num_classes, rng=rng)
+        if learner.budget_bytes is not None:
+            d0 = max(tr.rows_in_use().values(), default=0)
+            if d0 > learner.rows_allocated:
+                other, per_row = learner._sizes
+                need = (other + per_row * (d0 + learner.batch_size)) * learner.n_tasks
+                raise ConfigError(f"memory budget {learner.budget_bytes} B holds {learner.rows_allocated} rows per "
+                                  f"layer of the {learner.preset.name!r} model, fewer than its {d0} initial rows "
+                                  f"(D0, init_rows) and a batch: raise the budget to at least {need} B or lower "
+                                  f"init_rows")
+            tr.set_capacity(learner.rows_allocated)
+        return tr
 
     @staticmethod
     def observe(model, x, y) -> dict:
@@ -517,7 +494,13 @@ class _Networks:
 
     @staticmethod
     def memory_bytes(learner) -> dict:
-        return learner._network_bytes()
+        from .memory_bytes import growmem_bytes
+        out = growmem_bytes(learner.trainers)
+        if learner._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
+            extra = int(learner._space.nbytes())
+            out.update(other_bytes=out["other_bytes"] + extra, bytes_in_use=out["bytes_in_use"] + extra,
+                       bytes_allocated=out["bytes_allocated"] + extra)
+        return out
 
     @staticmethod
     def state(model):
@@ -525,7 +508,12 @@ class _Networks:
 
     @staticmethod
     def restore(learner, checkpointer, meta, step, config):
-        return learner._restore_networks(checkpointer, step, config)
+        """Trainers: their states restored into templates of their shapes."""
+        template = {k: t.state for k, t in learner.trainers.items()} or None
+        r = checkpointer.restore(template, step, config=config)
+        for k, t in learner.trainers.items():
+            t.set_state(r.state[k])
+        return r
 
     @staticmethod
     def describe(learner) -> dict:
