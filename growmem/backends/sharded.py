@@ -77,6 +77,13 @@ def _global(mesh, spec_p, x) -> jax.Array:
     return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec_p), lambda idx: x[idx], dtype=x.dtype)
 
 
+@functools.lru_cache(maxsize=None)
+def _replicator(sharding):
+    """The identity compiled to gather its input into ``sharding`` (replicated): one program per mesh,
+    not one per call."""
+    return jax.jit(lambda a: a, out_shardings=sharding)
+
+
 def host_value(a) -> np.ndarray:
     """A host copy of a replicated (or fully addressable) array, in any process."""
     if isinstance(a, jax.Array) and not a.is_fully_addressable:
@@ -266,7 +273,7 @@ class Sharded(RAM):
                 return x
             # split over the mesh (a per-shard count summed on the host side of a spill): gathered, in every
             # process at once, so that host_value reads the whole of it, not this process's piece
-            return jax.jit(lambda a: a, out_shardings=self.replicated())(x)
+            return _replicator(self.replicated())(x)
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
             data = jax.random.key_data(x)
             return jax.random.wrap_key_data(self.place(data), impl=jax.random.key_impl(x))
