@@ -70,7 +70,8 @@ def stored_rows(w, k, v, row_dtype=np.float32):
     ``row_dtype``) — cast before :func:`finite_rows`, so that a value past the stored dtype's range
     (a float64 1e300, a float32 3.4e38 in bfloat16) is seen as the inf it would become."""
     rd = row_dtype if isinstance(row_dtype, np.dtype) else np.dtype(row_dtype)
-    return np.asarray(w, np.float32), np.asarray(k, np.float32).astype(rd), np.asarray(v, np.float32).astype(rd)
+    return (np.asarray(w, np.float32), np.asarray(k, np.float32).astype(rd, copy=False),
+            np.asarray(v, np.float32).astype(rd, copy=False))
 
 
 @struct.dataclass
