@@ -231,8 +231,7 @@ def memories():
     trainer = gm.Trainer(net, loss="squared_error", sample_input=np.zeros((4, 6), np.float32), rng=jax.random.key(0))
     from growmem.order_free import KNN, NCM, SLDA
     order_free = {"knn": KNN(Identity(6), 2, budget_bytes=4_000), "ncm": NCM(Identity(6), 2), "slda": SLDA(Identity(6), 2)}
-    return {"store": store, "store_bf16": store_bf16, "spec_bf16": store_bf16.spec, "target": target,
-            "trainer": trainer, **order_free}
+    return {"store": store, "store_bf16": store_bf16, "target": target, "trainer": trainer, **order_free}
 
 
 def _finite_rows(rows) -> bool:
@@ -250,7 +249,7 @@ def test_arrays_with_nan_inf_wrong_dtypes_or_shapes_never_store_a_non_finite_row
         if which in ("store", "store_bf16"):
             m.append(np.ones(len(x), np.float32), x, y)
         elif which == "from_rows":   # a store built from the rows at once (bfloat16): built finite, or refused
-            m = Store.from_rows(np.ones(len(x), np.float32), x, y, spec=memories["spec_bf16"])
+            m = Store.from_rows(np.ones(len(x), np.float32), x, y, spec=memories["store_bf16"].spec)
             assert m.mem.k.dtype == np.dtype("bfloat16")
         elif which == "target":
             m.observe(x, y)

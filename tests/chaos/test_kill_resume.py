@@ -158,7 +158,7 @@ def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(refer
 
 
 def _kill_and_resume(launch, ck: Path, times, seed: int, kills_wanted: int):
-    """Start ``launch(resume)`` and SIGKILL it at random points until ``kills_wanted`` kills (or it ends),
+    """Start ``launch(resume)`` (the run's processes) and SIGKILL them at random points until ``kills_wanted`` kills (or it ends),
     resuming each time; ``times``: the reference's checkpoint times. Returns the kills."""
     rng = np.random.default_rng(seed)
     startup, interval = times[0], float(np.median(np.diff(times)))     # one checkpoint's worth of steps
@@ -172,8 +172,7 @@ def _kill_and_resume(launch, ck: Path, times, seed: int, kills_wanted: int):
             rule = lambda now, t, u=u: bool(t) and (len(t) > 1 or now > t[0] + u * interval)   # or a checkpoint
         killed, _, err = _watch(victim, ck, rule)
         if not killed:
-            codes = [p.returncode for p in (victim if isinstance(victim, list) else [victim])]
-            assert codes == [0] * len(codes), (seed, kills, err[-3000:])
+            assert [p.returncode for p in victim] == [0] * len(victim), (seed, kills, err[-3000:])
             break
         kills.append((_latest(ck), round(u, 2)))
     return kills
@@ -188,8 +187,8 @@ def _seed() -> int:
 def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(reference, tmp_path):
     seed = _seed()
     ck, out = tmp_path / "ck", tmp_path / "o"
-    launch = lambda resume: subprocess.Popen(_cmd(ck, out, resume), env=ENV, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)
+    launch = lambda resume: [subprocess.Popen(_cmd(ck, out, resume), env=ENV, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True)]
     kills = _kill_and_resume(launch, ck, reference[2], seed, KILLS)
     final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, (seed, kills, final.stderr[-2000:])
