@@ -372,7 +372,7 @@ class Trainer:
             if sample_input is None:
                 raise ValueError("Trainer needs sample_input (a batch of inputs) to initialise the model")
             rng = jax.random.key(0) if rng is None else rng
-            variables = model.init(rng, sample_input)
+            variables = jax.jit(model.init)(rng, sample_input)   # one program, not one per op
         variables = flax.core.unfreeze(variables)
         #: width of the model's output (the classes of a cross-entropy loss)
         self.d_out = None

@@ -204,6 +204,35 @@ def test_trainer_traces_its_step_log_n_times(monkeypatch):
     assert np.isfinite(np.asarray(trainer.predict(xs[0]))).all()
 
 
+def test_building_a_trainer_lowers_a_few_programs_not_one_per_initialiser_op():
+    """The model's initialisation is one compiled program (an eager init lowers a program per op: dozens for
+    this net; each restart of a resumed run paid them), and its rows are the eager init's (to float32 rounding:
+    XLA fuses the initialiser's ops)."""
+    from collections import Counter
+
+    from jax import monitoring
+
+    spec = GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, init="random", init_rows=8)
+    model = ResidualGrowingNet(d_out=3, n_blocks=2, block=spec, readout=spec, capacity=QUANTUM)
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    events = []
+    listener = lambda name, secs, **kw: events.append(name)
+    monitoring.register_event_duration_secs_listener(listener)
+    try:
+        tr = Trainer(model, sample_input=x, rng=jax.random.key(3))
+    finally:
+        monitoring.unregister_event_duration_listener(listener)
+    lowered = Counter(events)["/jax/core/compile/jaxpr_to_mlir_module_duration"]
+    assert 1 <= lowered <= 8, lowered
+    eager = train_mod.memories(model.init(jax.random.key(3), x))
+    assert set(eager) == set(tr.memories()) and len(eager) == 3
+    for path, m in tr.memories().items():
+        a, b = m.rows(), eager[path].rows()
+        assert len(a["w"]) == 8, path
+        for f in a:
+            np.testing.assert_allclose(np.asarray(a[f]), np.asarray(b[f]), rtol=1e-6, atol=1e-6, err_msg=str(path))
+
+
 def test_trainer_two_programs_equal_the_one_program_train_step():
     """Trainer runs step_gradients and a donated apply_step; the composition is train_step."""
     from growmem import policies
