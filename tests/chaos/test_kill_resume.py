@@ -115,9 +115,10 @@ def _watch(proc, ck: Path, kill_after=None):
     return False, times, "\n----\n".join(p.communicate()[1] for p in procs)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """The uninterrupted run: ``(checkpoint folder, out folder, times of its checkpoints)``."""
+    """The uninterrupted run: ``(checkpoint folder, out folder, times of its checkpoints)``. Once per worker
+    (session scope: a module-scoped run was made twice when the worker ran other modules' tests between)."""
     d = tmp_path_factory.mktemp("reference")
     proc = subprocess.Popen(_cmd(d / "ref", d / "oref", False), env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
