@@ -391,6 +391,34 @@ def test_online_mode_is_one_pass_for_every_method_and_epochs_per_method_are_chec
         make_stream(object())
 
 
+@pytest.mark.parametrize("threads, during", [(None, 1), (2, 2), (0, 3)])
+def test_baselines_train_on_the_torch_threads_asked_and_the_count_is_restored(threads, during):
+    """Default one PyTorch thread (a small MLP's steps are dominated by a second thread's synchronisation);
+    0 keeps PyTorch's own count; the caller's count is back after the call, also after a failure."""
+    bm = _class_benchmark()[0]
+    seen = []
+    torch.set_num_threads(3)
+    try:
+        kw = {} if threads is None else {"threads": threads}
+        doc = run_continual(bm, methods=["naive"], seeds=[0], online=True, progress=False, verbose=False,
+                            on_batch=lambda info: seen.append(torch.get_num_threads()), **kw)
+        assert seen and set(seen) == {during}
+        assert doc["config"]["torch_threads"] == during and doc["runs"][0]["config"]["torch_threads"] == during
+        assert torch.get_num_threads() == 3
+
+        def boom(info):
+            raise RuntimeError("stop here")
+
+        with pytest.raises(RuntimeError, match="stop here"):
+            run_continual(bm, methods=["naive"], seeds=[0], online=True, progress=False, verbose=False,
+                          on_batch=boom, **kw)
+        assert torch.get_num_threads() == 3
+        with pytest.raises(errors.ConfigError, match="threads must be >= 0"):
+            run_continual(bm, methods=["naive"], seeds=[0], threads=-1, progress=False, verbose=False)
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_a_failing_call_leaves_its_folders_free_for_the_next_one_at_once(tmp_path):
     """The folder locks are released in a ``finally``, not when the failed call's frame is collected: the
     same --out and checkpoint folder take the next call at once, while the exception's traceback (and so

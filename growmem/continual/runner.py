@@ -389,7 +389,8 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
                                evaluator=make_evaluator(loggers, sample_bytes=sample_bytes), epochs=epochs,
                                settings=settings, plugins=[prog])
     mm = memory_metric(strategy.evaluator)
-    config = dict(B.describe(method.name, stream, epochs, settings), sample_bytes=sample_bytes)
+    config = dict(B.describe(method.name, stream, epochs, settings), sample_bytes=sample_bytes,
+                  torch_threads=torch.get_num_threads())
     results, start, resumed = _new_results(), 0, False
     state_path = None if run_dir is None else run_dir / "state.pkl"
     if resume and state_path is not None and state_path.exists():
@@ -432,7 +433,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                   checkpoint_every: int = 500, out=None, progress: bool = True, loggers=None,
                   on_batch: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
                   method_settings: Optional[Dict[str, dict]] = None, split: str = "test",
-                  replay_dtype: str = "uint8", eval_mb_size: int = 256, threads: Optional[int] = None,
+                  replay_dtype: str = "uint8", eval_mb_size: int = 256, threads: int = 1,
                   prequential: Optional[bool] = None, verbose: bool = True, name: str = "continual") -> dict:
     """Run growmem methods and Avalanche baselines on one stream; returns (and with ``out`` writes
     ``<out>/<name>.json`` + PNGs) ``{"config", "stream", "runs", "summary"}``.
@@ -455,7 +456,9 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     every Avalanche baseline; ``method_settings``: ``{method name: settings}`` for one method (a
     baseline's recipe values, or a growmem method's ``{"overrides": {...}}``). ``growmem_loop``:
     ``fast`` (native loop) or ``template`` (:class:`GrowmemStrategy` in Avalanche's template).
-    ``on_batch(info)`` is called after every training batch. ``threads``: ``torch.set_num_threads``.
+    ``on_batch(info)`` is called after every training batch. ``threads``: PyTorch's threads during the call
+    (``torch.set_num_threads``, restored after; default 1: the baselines' MLPs are too small for a second
+    thread to pay, and its synchronisation dominates their steps on a busy machine; 0: PyTorch's own default).
     ``prequential``: record each batch's accuracy before training on it (default: on the
     drifting stream).
     """
@@ -490,8 +493,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
             raise ConfigError(f"epochs given for methods not in the run: {sorted(bad)}; methods: {methods}")
     if prequential is None:
         prequential = stream_name == "drifting_teacher"
-    if threads:
-        torch.set_num_threads(int(threads))
+    if int(threads) < 0:
+        raise ConfigError(f"threads must be >= 0 (0: PyTorch's own default), got {threads}")
     stream_options = dict(stream_options or {})
     config = {"stream": stream_name, "stream_options": stream_options, "methods": methods, "seeds": seeds,
               "budget_bytes": None if budget_bytes is None else int(budget_bytes), "online": bool(online),
@@ -501,7 +504,10 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
               "eval_mb_size": eval_mb_size, "prequential": bool(prequential),
               "data": "download" if download else "local"}
     root, folders = _prepare_checkpoints(checkpoint_dir, config, resume, out)
-    failed = True
+    failed, torch_threads = True, torch.get_num_threads()
+    if int(threads):
+        torch.set_num_threads(int(threads))
+    config["torch_threads"] = torch.get_num_threads()    # not in the resume check: results do not depend on it
     try:
 
         def method_epochs(m):
@@ -565,6 +571,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     finally:
         # released on every path: a failed call leaves its folders free for the next one at once
         folders.close(failed=failed)
+        torch.set_num_threads(torch_threads)
     if verbose:
         print(table(summary, drift=stream_name == "drifting_teacher"))
         if out is not None:
