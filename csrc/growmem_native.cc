@@ -12,6 +12,7 @@
 // and the partials are merged in part order (log-sum-exp rule, as kernels.merge), so a result does
 // not depend on which thread took which part. The vector width is chosen at run time: AVX-512,
 // AVX2 + FMA, or the portable build (the `isa` attribute; growmem.native picks the best the CPU has).
+#define PY_SSIZE_T_CLEAN   // "s#" passes the key's length as a Py_ssize_t
 #include <Python.h>
 
 #include <algorithm>
@@ -495,6 +496,99 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GrowmemReduceBwd, growmem::ReduceBwdImpl,
                                                        .Ret<F32Vec>()    // ∂v, (N·d_out,) or (0,)
                                                        .Ret<F32Vec>())); // ∂w, (N,) or (0,)
 
+// ------------------------------------------------------------------ cold-tier reads
+
+// A spilled layer's cold chunk, read on the host by the Python function set_cold_reader registered
+// (growmem.backends.tiered: the tier's files, read-ahead, ageing). The same job as a jax.pure_callback,
+// but a custom call names no Python object, so XLA's persistent compilation cache keeps the programs
+// that read cold rows (a resumed spilling run does not compile them again).
+namespace growmem {
+namespace {
+
+PyObject* g_cold_reader = nullptr;   // owned reference; set once per process by growmem.backends.tiered
+
+// the Python exception being raised, as "Type: message" (cleared)
+std::string python_error() {
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);
+  PyErr_NormalizeException(&type, &value, &trace);
+  std::string out = "unknown error";
+  if (value != nullptr) {
+    PyObject* name = type != nullptr ? PyObject_GetAttrString(type, "__name__") : nullptr;
+    PyObject* text = PyObject_Str(value);
+    const char* n = name != nullptr ? PyUnicode_AsUTF8(name) : nullptr;
+    const char* t = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    out = std::string(n != nullptr ? n : "Exception") + ": " + (t != nullptr ? t : "");
+    Py_XDECREF(name);
+    Py_XDECREF(text);
+  }
+  PyErr_Clear();
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(trace);
+  return out;
+}
+
+// reader(key, i, n, t, shard, fields) returns one C-contiguous array per result, of exactly its bytes
+std::string cold_read(const ffi::Buffer<ffi::S32>& i, const ffi::Buffer<ffi::S32>& n, const ffi::Buffer<ffi::S32>& t,
+                      const ffi::Buffer<ffi::S32>& shard, std::string_view key, int32_t fields,
+                      ffi::RemainingRets& outs) {
+  if (g_cold_reader == nullptr) return "no cold reader is registered (growmem.backends.tiered registers it)";
+  PyObject* res = PyObject_CallFunction(g_cold_reader, "s#iiiii", key.data(), Py_ssize_t(key.size()),
+                                        int(i.typed_data()[0]), int(n.typed_data()[0]), int(t.typed_data()[0]),
+                                        int(shard.typed_data()[0]), int(fields));
+  if (res == nullptr) return python_error();
+  std::string err;
+  if (!PyTuple_Check(res) || size_t(PyTuple_GET_SIZE(res)) != outs.size()) {
+    err = "the cold reader returned " + std::string(Py_TYPE(res)->tp_name) + ", not a tuple of " +
+          std::to_string(outs.size()) + " arrays";
+  }
+  for (size_t j = 0; err.empty() && j < outs.size(); ++j) {
+    auto out = outs.get<ffi::AnyBuffer>(j);
+    if (!out.has_value()) {
+      err = "cold read result " + std::to_string(j) + ": " + out.error().message();
+      break;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(res, Py_ssize_t(j)), &view, PyBUF_C_CONTIGUOUS) != 0) {
+      err = python_error();
+      break;
+    }
+    const size_t want = (*out)->size_bytes();
+    if (size_t(view.len) != want) {
+      err = "cold read result " + std::to_string(j) + " has " + std::to_string(view.len) + " bytes, expected " +
+            std::to_string(want);
+    } else {
+      std::memcpy((*out)->untyped_data(), view.buf, want);
+    }
+    PyBuffer_Release(&view);
+  }
+  Py_DECREF(res);
+  return err;
+}
+
+ffi::Error ColdReadImpl(ffi::Buffer<ffi::S32> i, ffi::Buffer<ffi::S32> n, ffi::Buffer<ffi::S32> t,
+                        ffi::Buffer<ffi::S32> shard, std::string_view key, int32_t fields, ffi::RemainingRets outs) {
+  const PyGILState_STATE gil = PyGILState_Ensure();   // XLA runs the call without the GIL
+  const std::string err = cold_read(i, n, t, shard, key, fields, outs);
+  PyGILState_Release(gil);
+  if (!err.empty()) return ffi::Error(ffi::ErrorCode::kInternal, "growmem cold read of " + std::string(key) + ": " + err);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace growmem
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(GrowmemColdRead, growmem::ColdReadImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // i: the chunk
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // n: cold rows readable
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // t: the step the rows are aged to
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // shard
+                                  .Attr<std::string_view>("key")  // the tier (growmem.backends.tiered._STORES)
+                                  .Attr<int32_t>("fields")        // bit f: FIELDS[f] read
+                                  .RemainingRets());              // one array per field read
+
 // ------------------------------------------------------------------ the Python module
 
 namespace {
@@ -503,7 +597,8 @@ PyObject* targets(PyObject*, PyObject*) {
   PyObject* d = PyDict_New();
   if (d == nullptr) return nullptr;
   const std::pair<const char*, void*> items[] = {{"growmem_reduce_fwd", reinterpret_cast<void*>(GrowmemReduceFwd)},
-                                                 {"growmem_reduce_bwd", reinterpret_cast<void*>(GrowmemReduceBwd)}};
+                                                 {"growmem_reduce_bwd", reinterpret_cast<void*>(GrowmemReduceBwd)},
+                                                 {"growmem_cold_read", reinterpret_cast<void*>(GrowmemColdRead)}};
   for (const auto& [name, fn] : items) {
     PyObject* cap = PyCapsule_New(fn, nullptr, nullptr);
     if (cap == nullptr || PyDict_SetItemString(d, name, cap) != 0) {
@@ -547,9 +642,23 @@ PyObject* stats(PyObject*, PyObject*) {
   return Py_BuildValue("{sNsL}", "calls", calls, "last_workers", static_cast<long long>(growmem::g_last_workers.load()));
 }
 
+PyObject* set_cold_reader(PyObject*, PyObject* fn) {
+  if (!PyCallable_Check(fn)) {
+    PyErr_SetString(PyExc_TypeError, "set_cold_reader needs a callable");
+    return nullptr;
+  }
+  Py_INCREF(fn);
+  PyObject* old = growmem::g_cold_reader;
+  growmem::g_cold_reader = fn;
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"targets", targets, METH_NOARGS, "{name: PyCapsule} of the XLA FFI handlers (register for platform 'cpu')."},
     {"isas", isas, METH_NOARGS, "((name, lanes), ...): the instruction sets this build has and this CPU runs, best first."},
+    {"set_cold_reader", set_cold_reader, METH_O,
+     "set_cold_reader(fn): fn(key, i, n, t, shard, fields) -> arrays, the host side of growmem_cold_read."},
     {"stats", stats, METH_NOARGS, "{'calls': {isa: passes run}, 'last_workers': threads that took a part in the last pass}."},
     {nullptr, nullptr, 0, nullptr}};
 

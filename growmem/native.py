@@ -16,6 +16,10 @@ Which path runs:
   or bfloat16 rows when JAX's default backend is the CPU; every other case (GPU and TPU backends,
   float64 or float16 operands) takes the pure-XLA path of :mod:`growmem.kernels`.
 * ``GROWMEM_KERNELS=xla`` takes the XLA path everywhere.
+* The cold chunks of a spilled layer (:mod:`growmem.backends.tiered`) are read on the host through
+  the ``growmem_cold_read`` FFI target (:func:`cold_reads`): unlike a ``jax.pure_callback``, its
+  programs are kept by JAX's persistent compilation cache. Without a build, with
+  ``GROWMEM_KERNELS=xla`` or off the CPU backend they are read by a ``jax.pure_callback``.
 * ``GROWMEM_NATIVE_ISA=avx512|avx2|generic`` narrows the instruction set (default: the widest this
   CPU runs; :func:`isas` lists them).
 * ``GROWMEM_NATIVE_THREADS=N`` runs a pass on at most ``N`` threads (the calling one included; default
@@ -48,6 +52,8 @@ except ImportError as exc:   # not built (a source checkout without `pip install
 MODES = KERNEL_MODES
 FWD_TARGET = "growmem_reduce_fwd"
 BWD_TARGET = "growmem_reduce_bwd"
+#: a spilled layer's cold chunk read on the host (growmem.backends.tiered)
+COLD_READ_TARGET = "growmem_cold_read"
 #: score forms of growmem.kernels.Kernel.form, as the native kernel numbers them
 FORMS = {"dot": 0, "neg_sqdist": 1}
 #: row dtypes the native kernel reads (queries are float32)
@@ -89,6 +95,19 @@ def available() -> bool:
                 _state["registered"] = False
                 _state["reason"] = f"registering its XLA FFI targets failed ({exc})"
     return bool(_state["registered"])
+
+
+def cold_reads(reader) -> bool:
+    """Whether cold chunks are read through the ``growmem_cold_read`` FFI target (module docstring),
+    with ``reader(key, i, n, t, shard, fields)`` its host side (set once per process). Decided at
+    trace time."""
+    if mode() == "xla" or jax.default_backend() != "cpu" or not hasattr(_native, "set_cold_reader") \
+            or not available():
+        return False
+    if _state.get("reader") is not reader:
+        _native.set_cold_reader(reader)
+        _state["reader"] = reader
+    return True
 
 
 def isa_for(q, k, v, w=None, coeff=None) -> Optional[str]:

@@ -233,3 +233,84 @@ def test_disk_full_during_training_is_a_clear_error_and_loses_nothing(small_tmpf
     # a layer that spilled before the failing one moved its rows completely: none lost or doubled
     assert (tr.rows_in_use(), int(tr.state.step)) == before
     np.testing.assert_allclose(np.asarray(tr.predict(x[:16])), probe, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ how cold chunks are read
+
+@pytest.mark.parametrize("path", ["native", "callback"])
+def test_cold_chunks_are_read_by_the_native_target_or_a_callback_to_the_same_rows(tmp_path, monkeypatch, path):
+    """By default the cold chunks go through the native ``growmem_cold_read`` target (its host side
+    counted here); with GROWMEM_KERNELS=xla through a ``jax.pure_callback``. Either way the spilled
+    trainer learns the rows of the all-in-RAM one."""
+    import jax
+
+    from growmem import native
+    from growmem.backends import tiered
+
+    calls = []
+    real = tiered._host_read
+    monkeypatch.setattr(tiered, "_host_read", lambda *a: calls.append(a[1:]) or real(*a))
+    if path == "callback":
+        monkeypatch.setenv("GROWMEM_KERNELS", "xla")
+    else:
+        assert native.available(), "the native build is missing: pip install -e ."
+    jax.clear_caches()                       # the path is chosen when a step is traced
+    try:
+        x, y = _data(24)
+        model = _model(_spec("weighted_softmax"))
+        ref = Trainer(model, loss="squared_error", sample_input=x[:1])
+        sp_tr, _ = _spilling(model, tmp_path / "tier", _budget(512), chunk_rows=CHUNK)
+        _run(ref, x, y, 24)
+        _run(sp_tr, x, y, 24)
+        assert all(n >= CHUNK for n in sp_tr.cold_rows().values()), sp_tr.cold_rows()
+        _rows_match(ref, sp_tr)
+        np.testing.assert_allclose(np.asarray(sp_tr.predict(x[:B])), np.asarray(ref.predict(x[:B])), rtol=1e-4,
+                                   atol=1e-5)
+        assert (len(calls) > 0) == (path == "native"), len(calls)
+        # (i, n, t, shard, fields): chunk indices inside the tier, every field for retrieval
+        assert all(0 <= i * CHUNK < n for i, n, *_ in calls)
+        assert path == "callback" or 0b1111 in {c[-1] for c in calls}
+    finally:
+        jax.clear_caches()
+
+
+def test_a_resumed_spilling_process_compiles_nothing_the_first_one_compiled(tmp_path):
+    """The programs that read cold rows name no Python callback, so JAX's persistent compilation cache
+    keeps them: a second process running the same spilling steps (a resume, a chaos restart) loads
+    every program instead of compiling it."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np\n"
+        "from jax import monitoring\n"
+        "programs, loaded = [], []   # every program compiled or loaded; those loaded from the cache\n"
+        "monitoring.register_event_duration_secs_listener(lambda name, secs, **kw: programs.append(name) if name == "
+        "'/jax/core/compile/backend_compile_duration' else None)\n"
+        "monitoring.register_event_listener(lambda name, **kw: loaded.append(name) if name == "
+        "'/jax/compilation_cache/cache_hits' else None)\n"
+        "from growmem import GrowingSpec, ResidualGrowingNet, Trainer\n"
+        "from growmem.backends.tiered import Tiered, row_bytes\n"
+        "spec = GrowingSpec.make('weighted_softmax', eta=1.0, beta=0.5)\n"
+        "model = ResidualGrowingNet(d_out=2, n_blocks=1, block=spec, readout=spec, capacity=256)\n"
+        f"tier = Tiered(sys.argv[1], ram_budget_bytes=512 * (row_bytes({D}, {D}) + row_bytes({D}, 2)), chunk_rows={CHUNK})\n"
+        f"tr = Trainer(model, loss='squared_error', sample_input=np.zeros((1, {D}), np.float32), backend=tier)\n"
+        "rng = np.random.default_rng(0)\n"
+        "for _ in range(24):\n"
+        f"    x = rng.normal(size=({B}, {D})).astype(np.float32)\n"
+        "    tr.step(x, np.sin(x[:, :2]))\n"
+        "tr.predict(x)\n"
+        "print(len(programs) - len(loaded), len(programs), min(tr.cold_rows().values()))\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla-cache"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    env.pop("GROWMEM_KERNELS", None)
+    out = []
+    for run in ("first", "second"):
+        r = subprocess.run([sys.executable, "-c", script, str(tmp_path / run)], env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out.append([int(v) for v in r.stdout.split()])
+    (first, n1, cold), (second, n2, cold2) = out
+    assert cold == cold2 >= CHUNK                  # both spilled the same rows
+    assert first == n1 > 0 and n2 == n1 and second == 0, out

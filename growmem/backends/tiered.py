@@ -10,10 +10,12 @@ device; the hot capacity never grows past the budget.
 
 Inside the jitted step a memory sees its cold rows through ``mem.ext["cold"]``, a
 :class:`ColdView` (how many cold rows it may read, traced, plus a static handle on the tier).
-Retrieval scans the cold chunks — each read on the host by a ``jax.pure_callback``
-(TensorStore with read-ahead in the direction of travel, numpy only: no JAX runs inside a
-callback, which would deadlock asynchronous CPU dispatch) — reduces each with the same kernel
-and per-row coefficients as the hot rows and merges the partials by the kernel's rule, so the
+Retrieval scans the cold chunks — each read on the host (TensorStore with read-ahead in the
+direction of travel, numpy only: no JAX runs inside a read, which would deadlock asynchronous
+CPU dispatch) through the native ``growmem_cold_read`` FFI target (:mod:`growmem.native`: JAX's
+persistent compilation cache keeps its programs, so a resumed run does not compile them again),
+or a ``jax.pure_callback`` where the native build is missing or off — reduces each with the same
+kernel and per-row coefficients as the hot rows and merges the partials by the kernel's rule, so the
 output equals an all-in-RAM memory up to float rounding. The scan body is rematerialised in the
 backward pass (``jax.checkpoint``): ``∂L/∂q`` through the cold rows costs a second streaming
 read, never a copy of the cold rows in memory.
@@ -45,6 +47,7 @@ import concurrent.futures
 import dataclasses
 import errno
 import functools
+import itertools
 import json
 import os
 import sys
@@ -59,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from .. import kernels, locks
+from .. import kernels, locks, native
 from .. import memory as memlib
 from ..errors import CheckpointError, ConfigError, CorruptCheckpointError, GrowmemError
 from . import RAM, _temperature
@@ -637,6 +640,8 @@ class ColdRef:
 
 # open cold stores of this process, by ColdRef.key (a view in a jitted program finds its tier here)
 _STORES: Dict[str, Any] = {}
+# the keys of this process's Tiered backends: tier-0, tier-1, ...
+_KEYS = itertools.count()
 # cold rows of every shard of a sharded layer, by ColdRef.key, as last gathered (every process knows all of them;
 # the view's ``n`` holds only this process's shards)
 _SHARD_COUNTS: Dict[str, np.ndarray] = {}
@@ -673,8 +678,23 @@ def _read(view: ColdView, i, n, t, shard, fields):
     shapes = {"w": ((c,), jnp.float32), "k": ((c, ref.d_in), rd), "v": ((c, ref.d_out), rd),
               "born": ((c,), jnp.int32)}
     out = tuple(jax.ShapeDtypeStruct(*shapes[f]) for f in fields)
+    if native.cold_reads(_host_read):
+        if tuple(f for f in FIELDS if f in fields) != tuple(fields):
+            raise ValueError(f"cold read fields {fields} must follow the order of {FIELDS}")
+        scalar = lambda a: jnp.asarray(a, jnp.int32)
+        call = jax.ffi.ffi_call(native.COLD_READ_TARGET, out, vmap_method="sequential")
+        return call(scalar(i), scalar(n), scalar(t), scalar(shard), key=ref.key,
+                    fields=np.int32(sum(1 << FIELDS.index(f) for f in fields)))
     cb = lambda i, n, t, s: _store(ref.key, int(s)).read_chunk(int(i), int(n), int(t), fields)
     return jax.pure_callback(cb, out, i, n, t, shard, vmap_method="sequential")
+
+
+def _host_read(key: str, i: int, n: int, t: int, shard: int, fields: int):
+    """The host side of the native cold read: chunk ``i`` of the tier ``key`` (``fields``: a bit per
+    entry of FIELDS), each field as the bytes of its C-contiguous array."""
+    names = tuple(f for j, f in enumerate(FIELDS) if fields >> j & 1)
+    return tuple(np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                 for a in _store(key, shard).read_chunk(i, n, t, names))
 
 
 def cold_partial(kern, view: ColdView, n, shard, q, t, coeff_fn, temperature):
@@ -865,7 +885,9 @@ class Tiered(RAM):
         if not isinstance(self.ram_budget_bytes, int) or self.ram_budget_bytes <= 0:
             raise ConfigError(f"ram_budget_bytes must be a positive integer, got {self.ram_budget_bytes!r}")
         object.__setattr__(self, "_layers", {})    # name -> (row bytes, store or {shard: store})
-        object.__setattr__(self, "_key", f"tier-{uuid.uuid4().hex[:12]}")
+        # unique in the process, the same in every fresh process: the key is part of the compiled programs
+        # (the native cold read's attribute), so a resumed run finds them in the persistent compilation cache
+        object.__setattr__(self, "_key", f"tier-{next(_KEYS)}")
         object.__setattr__(self, "_spills", [0, 0])   # spills, spills at the last compaction
 
     def __repr__(self):
