@@ -311,7 +311,8 @@ def render_frontier_networks(doc) -> str:
 
 @renderer("frontier_findings", "continual_frontier.json")
 def render_frontier_findings(doc) -> str:
-    """The README's frontier: per stream and budget, the best growmem method against the best other one."""
+    """The README's frontier: per stream and budget, the best growmem method against the best other one, and
+    how many of the preset's methods have run there (a cell still short of them says so)."""
     rows = []
     parts = [(doc["protocol"], doc["summary"], doc["verdicts"])] + \
         ([("offline", doc["offline"]["summary"], doc["offline"]["verdicts"])] if doc["offline"] else [])
@@ -321,9 +322,12 @@ def render_frontier_findings(doc) -> str:
                 g, o = summary[st][b][v["growmem"]], summary[st][b][v["other"]]
                 said = {"better": "growmem higher", "worse": "growmem lower", "tie": "a tie",
                         "untested": "untested (one seed)"}[v["verdict"]]
+                wanted = doc["config"]["methods" if protocol == "online" else "offline_methods"][st]
+                ran = sum(m in summary[st][b] for m in wanted)
                 rows.append([f"{st}, {protocol}, {mb(int(b))} MB", f"`{v['growmem']}` {_mean_sd(g)}",
-                             f"`{v['other']}` {_mean_sd(o)}", said])
-    return table(["stream, protocol, budget", "best growmem method", "best other method", "paired t-test at 95 %"], rows)
+                             f"`{v['other']}` {_mean_sd(o)}", f"{ran} of {len(wanted)}", said])
+    return table(["stream, protocol, budget", "best growmem method", "best other method", "methods run",
+                  "paired t-test at 95 %"], rows)
 
 
 @renderer("continual_ablation", "continual_ablation.json")

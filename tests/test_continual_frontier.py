@@ -211,7 +211,11 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     import render
     text = render.render_continual_frontier(doc)
     assert text.count("**split_mnist**, online") == 1 and text.count("**split_mnist**, offline") == 1
-    assert "`gdumb_bytes`" in text and "split_mnist, offline, 0.20 MB" in render.render_frontier_findings(doc)
+    findings = render.render_frontier_findings(doc)
+    assert "`gdumb_bytes`" in text and "split_mnist, offline, 0.20 MB" in findings
+    # how many of the preset's methods each row compares: 2 of the 4 online ones ran here, all 3 offline ones
+    assert "| 2 of 4 |" in findings.split("split_mnist, online, 0.20 MB")[1].splitlines()[0]
+    assert "| 3 of 3 |" in findings.split("split_mnist, offline, 0.20 MB")[1].splitlines()[0]
 
 
 def test_proj_baselines_store_the_target_proj_merge_presets_keys():
