@@ -371,15 +371,33 @@ def on_edge(points, best: int) -> list:
     return out
 
 
+def _tuned_entry(method: str, results: list, seed: int, protocol: str) -> dict:
+    """A method's grid at one stream and budget: its points, the best one within the budget, whether that sits
+    on the grid's edge (and the reason, where EDGE_REASONS gives one)."""
+    ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
+    best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
+    edge = None if best is None else on_edge([r["settings"] for r in results], best)
+    chosen = None if best is None else _flat(results[best]["settings"])
+    return {"results": results, "chosen": None if best is None else results[best]["settings"], "on_edge": edge,
+            "seed": seed, "protocol": protocol,
+            "edge_reasons": {k: EDGE_REASONS[method][k][1] for k in edge or []
+                             if k in EDGE_REASONS.get(method, {}) and chosen[k] == EDGE_REASONS[method][k][0]}}
+
+
 def tune(args, cfg, streams, seeds, budgets):
     """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
     out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge.
     With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
-    run again: a grid extended past its edge runs only its new points."""
+    run again: a grid extended past its edge runs only its new points. With ``--combine FILES`` nothing runs:
+    the points of tuning files made apart join the file in ``--out`` (a point tried in both: the later file's)
+    and each grid's choice is made again over all of them."""
     from growmem.reporting import write_json
 
     path = args.out / "continual_frontier_tune.json"
-    doc = json.loads(path.read_text()) if (args.merge and path.is_file()) else {"streams": {}, "invocations": []}
+    doc = json.loads(path.read_text()) if ((args.merge or args.combine) and path.is_file()) \
+        else {"streams": {}, "invocations": []}
+    if args.combine:
+        streams = []
     t0 = time.perf_counter()
     for stream in streams:
         for b in budgets:
@@ -404,17 +422,23 @@ def tune(args, cfg, streams, seeds, budgets):
                                     "within_budget": r["summary"]["within_budget"]})
                     print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-                ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
-                best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
-                edge = None if best is None else on_edge([r["settings"] for r in results], best)
-                chosen = None if best is None else _flat(results[best]["settings"])
-                doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = {
-                    "results": results, "chosen": None if best is None else results[best]["settings"],
-                    "on_edge": edge, "seed": seeds[0], "protocol": args.protocol,
-                    "edge_reasons": {k: EDGE_REASONS[m][k][1] for k in edge or []
-                                     if k in EDGE_REASONS.get(m, {}) and chosen[k] == EDGE_REASONS[m][k][0]}}
-    doc["invocations"].append({"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
-                               "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())})
+                doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
+                    _tuned_entry(m, results, seeds[0], args.protocol)
+    invocations = doc["invocations"]
+    for other in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):   # grids tuned apart
+        for stream, bs in other["streams"].items():
+            for b, ms in bs.items():
+                for m, e in ms.items():
+                    here = doc["streams"].setdefault(stream, {}).setdefault(b, {})
+                    points = {json.dumps(r["settings"], sort_keys=True): r
+                              for r in here.get(m, {}).get("results", []) + e["results"]}
+                    here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"])
+        invocations = invocations + other["invocations"]
+    invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
+                  "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())}
+    if args.combine:
+        invocation["combined"] = [str(f) for f in args.combine]
+    doc["invocations"] = unique_invocations(invocations + [invocation])
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
                summary={st: {b: {m: {"chosen": e["chosen"], "on_edge": e["on_edge"]} for m, e in ms.items()}
                              for b, ms in bs.items()} for st, bs in doc["streams"].items()})
@@ -441,7 +465,8 @@ def main(argv=None):
                                                          "every budget, into continual_frontier_tune.json")
     ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
     ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
-                    help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise")
+                    help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise; "
+                         "with --tune, these continual_frontier_tune.json files")
     args = ap.parse_args(argv)
 
     from growmem.units import parse_size

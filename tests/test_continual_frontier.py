@@ -286,6 +286,47 @@ def test_tuning_reads_back_the_points_it_already_tried(tmp_path):
     assert len(again["invocations"]) == 2
 
 
+def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
+    """``--tune --combine``: the points of two tuning runs of one grid join, the choice is made again over all
+    of them (a top edge in the first file is inside once the second extends the grid), a point tried in both
+    is the later file's, other grids are kept, and every invocation is listed once."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
+    cf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cf)
+    pt = lambda n, acc: {"settings": {"overrides": {"keys.n": n}}, "accuracy": acc, "bytes_peak": 1,
+                         "within_budget": True}
+
+    def tuning(folder, points, command, others=None):
+        folder.mkdir()
+        streams = {"split_mnist": {"1000000": {"target:dct_merge": cf._tuned_entry("target:dct_merge", points, 1,
+                                                                                   "online"), **(others or {})}}}
+        (folder / "continual_frontier_tune.json").write_text(json.dumps(
+            {"streams": streams, "invocations": [{"command": command, "seconds": 1.0}]}))
+        return folder / "continual_frontier_tune.json"
+
+    knn = {"knn:dct": cf._tuned_entry("knn:dct", [{"settings": {"overrides": {"k": k}}, "accuracy": a, "bytes_peak": 1,
+                                                   "within_budget": True} for k, a in ((1, .5), (3, .7), (5, .6))],
+                                      1, "online")}
+    a = tuning(tmp_path / "a", [pt(8, .90), pt(10, .91), pt(12, .93)], "first", knn)
+    first = json.loads(a.read_text())["streams"]["split_mnist"]["1000000"]["target:dct_merge"]
+    assert first["chosen"] == {"overrides": {"keys.n": 12}} and first["on_edge"] == ["keys.n"]
+    b = tuning(tmp_path / "b", [pt(12, .94), pt(14, .92), pt(16, .91)], "second")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert cf.main(["--preset", "smoke", "--tune", "--out", str(out), "--combine", str(a), str(b)]) is not None
+    doc = json.loads((out / "continual_frontier_tune.json").read_text())
+    e = doc["streams"]["split_mnist"]["1000000"]["target:dct_merge"]
+    assert [(r["settings"]["overrides"]["keys.n"], r["accuracy"]) for r in e["results"]] == \
+        [(8, .90), (10, .91), (12, .94), (14, .92), (16, .91)]
+    assert e["chosen"] == {"overrides": {"keys.n": 12}} and e["on_edge"] == []
+    assert doc["streams"]["split_mnist"]["1000000"]["knn:dct"]["chosen"] == {"overrides": {"k": 3}}
+    assert doc["summary"]["split_mnist"]["1000000"]["target:dct_merge"] == {"chosen": e["chosen"], "on_edge": []}
+    assert [i["command"] for i in doc["invocations"]][:2] == ["first", "second"] and len(doc["invocations"]) == 3
+    assert doc["invocations"][2]["combined"] == [str(a), str(b)]
+
+
 def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_cannot_pass(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
            "split_mnist", "--protocol", "offline", "--methods", "replay_bytes", "--budgets", "0.2MB", "--tune",
