@@ -21,8 +21,9 @@ torch.set_num_threads(1)
 def test_cli_runs_growmem_variants_against_a_baseline_and_writes_json_and_png(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["--n-experiences", "2", "--train-limit", "64", "--test-limit", "32", "--baselines", "naive",
-                 "--out", str(out), "--no-progress", "--threads", "1"]) == 0
+                 "--out", str(out), "--no-progress"]) == 0
     doc = json.loads((out / "continual.json").read_text())
+    assert doc["config"]["torch_threads"] == 1           # the default, as the README's main job runs it
     # no --policy on the drifting stream: the four growing networks (never forgets / a drift detector / decays /
     # a window), named by what they are
     assert list(doc["summary"]) == ["net:continual_growmem", "net:drift_discount", "net:continual_decay",

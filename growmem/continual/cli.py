@@ -172,7 +172,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     opt("--loop", choices=["fast", "template"], default="fast", to_="growmem_loop",
         help="growmem's training loop: fast (native) or template (GrowmemStrategy in Avalanche's "
              "SupervisedTemplate); both give the same metrics")
-    opt("--threads", type=_int(0, "0 (PyTorch's own default) or a number of threads"), default=None, to_="threads",
+    opt("--threads", type=_int(0, "0 (PyTorch's own default) or a number of threads"), default=1, to_="threads",
         help="PyTorch threads for the Avalanche baselines (default 1: their MLPs are too small for more to pay; "
              "0: PyTorch's own default)")
     opt("--no-progress", dest="progress", action="store_false", to_="progress", help="no progress bars")
