@@ -413,8 +413,10 @@ def test_baselines_train_on_the_torch_threads_asked_and_the_count_is_restored(th
             run_continual(bm, methods=["naive"], seeds=[0], online=True, progress=False, verbose=False,
                           on_batch=boom, **kw)
         assert torch.get_num_threads() == 3
-        with pytest.raises(errors.ConfigError, match="threads must be >= 0"):
+        with pytest.raises(errors.ConfigError, match="threads must be an integer >= 0"):
             run_continual(bm, methods=["naive"], seeds=[0], threads=-1, progress=False, verbose=False)
+        with pytest.raises(errors.ConfigError, match="got None"):
+            run_continual(bm, methods=["naive"], seeds=[0], threads=None, progress=False, verbose=False)
     finally:
         torch.set_num_threads(1)
 

@@ -493,8 +493,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
             raise ConfigError(f"epochs given for methods not in the run: {sorted(bad)}; methods: {methods}")
     if prequential is None:
         prequential = stream_name == "drifting_teacher"
-    if int(threads) < 0:
-        raise ConfigError(f"threads must be >= 0 (0: PyTorch's own default), got {threads}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ConfigError(f"threads must be an integer >= 0 (0: PyTorch's own default), got {threads!r}")
     stream_options = dict(stream_options or {})
     config = {"stream": stream_name, "stream_options": stream_options, "methods": methods, "seeds": seeds,
               "budget_bytes": None if budget_bytes is None else int(budget_bytes), "online": bool(online),
@@ -505,9 +505,10 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
               "data": "download" if download else "local"}
     root, folders = _prepare_checkpoints(checkpoint_dir, config, resume, out)
     failed, torch_threads = True, torch.get_num_threads()
-    if int(threads):
-        torch.set_num_threads(int(threads))
-    config["torch_threads"] = torch.get_num_threads()    # not in the resume check: results do not depend on it
+    if threads:
+        torch.set_num_threads(threads)
+    # recorded, not part of the resume check: a run may resume on another thread count
+    config["torch_threads"] = torch.get_num_threads()
     try:
 
         def method_epochs(m):
