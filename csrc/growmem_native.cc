@@ -505,7 +505,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(GrowmemReduceBwd, growmem::ReduceBwdImpl,
 namespace growmem {
 namespace {
 
-PyObject* g_cold_reader = nullptr;   // owned reference; set once per process by growmem.backends.tiered
+PyObject* g_cold_reader = nullptr;   // owned reference; set by growmem.native.cold_reads (under the GIL)
 
 // the Python exception being raised, as "Type: message" (cleared)
 std::string python_error() {
@@ -533,7 +533,7 @@ std::string python_error() {
 std::string cold_read(const ffi::Buffer<ffi::S32>& i, const ffi::Buffer<ffi::S32>& n, const ffi::Buffer<ffi::S32>& t,
                       const ffi::Buffer<ffi::S32>& shard, std::string_view key, int32_t fields,
                       ffi::RemainingRets& outs) {
-  if (g_cold_reader == nullptr) return "no cold reader is registered (growmem.backends.tiered registers it)";
+  if (g_cold_reader == nullptr) return "no cold reader is registered (growmem.native.cold_reads registers it)";
   PyObject* res = PyObject_CallFunction(g_cold_reader, "s#iiiii", key.data(), Py_ssize_t(key.size()),
                                         int(i.typed_data()[0]), int(n.typed_data()[0]), int(t.typed_data()[0]),
                                         int(shard.typed_data()[0]), int(fields));
