@@ -121,7 +121,8 @@ def _watch(proc, ck: Path, kill_after=None):
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """The uninterrupted run: ``(checkpoint folder, out folder, times of its checkpoints)``. Once per worker
-    (session scope: a module-scoped run was made twice when the worker ran other modules' tests between)."""
+    (session scope); the module's ``xdist_group`` puts its users on one worker — but under pytest 9.2 with
+    pytest-xdist 3.8 the group is silently ignored (pytest-xdist#1386) and each worker makes its own."""
     d = tmp_path_factory.mktemp("reference")
     proc = subprocess.Popen(_cmd(d / "ref", d / "oref", False), env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
