@@ -173,7 +173,7 @@ def raw_read_direct(files, threads: int = 4):
     ``O_DIRECT`` (no page cache, no copy out of it) — what the disk gives when the reader takes
     no CPU. Files on a file system without ``O_DIRECT`` are read through the page cache."""
     import concurrent.futures
-    from growmem.backends.tiered import read_chunk_file
+    from growmem.backends.tier_files import read_chunk_file
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm  # noqa: E402
 import _common  # noqa: E402
 from _common import peak_rss_gb, raw_read, raw_read_direct, reset_peak_rss  # noqa: E402
 import growmem as gm  # noqa: E402
-from growmem.backends import tiered  # noqa: E402
+from growmem.backends import tier_files  # noqa: E402
 from growmem.backends.tiered import Tiered, row_bytes  # noqa: E402
 from growmem.store import Store  # noqa: E402
 
@@ -198,14 +198,14 @@ def main(argv=None):
         result["regimes"] = regimes
         # ---- the same cold retrieval with every chunk read through TensorStore (the read path before local reads)
         if can_drop:
-            tiered.LOCAL_READS = False
+            tier_files.LOCAL_READS = False
             try:
                 drop_page_cache()
                 t0 = time.perf_counter()
                 jax.block_until_ready(tier.retrieve(q))
                 t_ts = time.perf_counter() - t0
             finally:
-                tiered.LOCAL_READS = True
+                tier_files.LOCAL_READS = True
             cold = regimes["cold_cache"]
             result["tensorstore_reads"] = {
                 "retrieval_s": t_ts, "achieved_gb_per_s": cold_bytes / t_ts / GB,
@@ -257,7 +257,7 @@ def main(argv=None):
         # the stricter ceiling: the disk read with O_DIRECT, several files in flight (cold cache only)
         "raw_direct_read_gb_per_s": r.get("raw_direct_read_gb_per_s"),
         "fraction_of_direct_read": r.get("fraction_of_direct"),
-        "local_reads": tiered.LOCAL_READS,
+        "local_reads": tier_files.LOCAL_READS,
         # the same retrieval reading every chunk through TensorStore, in the same run (cold cache only)
         "tensorstore_reads_fraction": result.get("tensorstore_reads", {}).get("fraction"),
         "local_reads_speedup": result.get("tensorstore_reads", {}).get("local_reads_speedup"),

@@ -245,11 +245,11 @@ def test_cold_chunks_are_read_by_the_native_target_or_a_callback_to_the_same_row
     import jax
 
     from growmem import native
-    from growmem.backends import tiered
+    from growmem.backends import tier_stream
 
     calls = []
-    real = tiered._host_read
-    monkeypatch.setattr(tiered, "_host_read", lambda *a: calls.append(a[1:]) or real(*a))
+    real = tier_stream._host_read
+    monkeypatch.setattr(tier_stream, "_host_read", lambda *a: calls.append(a[1:]) or real(*a))
     if path == "callback":
         monkeypatch.setenv("GROWMEM_KERNELS", "xla")
     else:

@@ -12,7 +12,7 @@ import pytest
 
 import growmem as gm
 from growmem import memory as memlib
-from growmem.backends import tiered
+from growmem.backends import tier_files, tiered
 from growmem.backends.tiered import ColdStore, ColdTier, Tiered, TierError, row_bytes
 from growmem.store import Store
 
@@ -32,13 +32,13 @@ def _through_tensorstore(tier, lo, hi):
 
 def _spy(monkeypatch):
     calls = []
-    real = tiered.read_chunk_file
+    real = tier_files.read_chunk_file
 
     def spy(path, nbytes, direct=True):
         calls.append(path)
         return real(path, nbytes, direct)
 
-    monkeypatch.setattr(tiered, "read_chunk_file", spy)
+    monkeypatch.setattr(tier_files, "read_chunk_file", spy)
     return calls
 
 
@@ -116,7 +116,7 @@ def test_pages_in_the_page_cache_are_copied_from_it_and_the_rest_read_with_o_dir
     nbytes = rows["k"].nbytes
     # a chunk just written is in the page cache: copied from it, the disk never asked
     direct = _opens(monkeypatch)
-    assert np.array_equal(tiered.read_chunk_file(path, nbytes).view(np.float32).reshape(n, D), rows["k"])
+    assert np.array_equal(tier_files.read_chunk_file(path, nbytes).view(np.float32).reshape(n, D), rows["k"])
     assert direct == [False]
     # the page cache holds only the first `cached` bytes: the rest comes with O_DIRECT from an aligned offset
     real_preadv = os.preadv
@@ -131,7 +131,7 @@ def test_pages_in_the_page_cache_are_copied_from_it_and_the_rest_read_with_o_dir
 
         monkeypatch.setattr(os, "preadv", preadv)
         direct.clear()
-        got = tiered.read_chunk_file(path, nbytes)
+        got = tier_files.read_chunk_file(path, nbytes)
         assert np.array_equal(got.view(np.float32).reshape(n, D), rows["k"]), cached
         assert direct == ([False] if cached >= nbytes else [False, True]), (cached, direct)
 
@@ -153,7 +153,7 @@ def test_local_reads_can_be_switched_off(tmp_path, monkeypatch):
     rows = _rows(C, 5)
     tier.write(rows)
     calls = _spy(monkeypatch)
-    monkeypatch.setattr(tiered, "LOCAL_READS", False)
+    monkeypatch.setattr(tier_files, "LOCAL_READS", False)
     got = {f: fu.result() for f, fu in tier.issue(0, C).items()}
     assert calls == []
     for f in rows:
@@ -227,7 +227,7 @@ def test_the_environment_can_send_every_read_through_tensorstore():
     import subprocess
     import sys
 
-    code = "import growmem.backends.tiered as t; print(t.LOCAL_READS)"
+    code = "import growmem.backends.tier_files as t; print(t.LOCAL_READS)"
     for value, want in (("tensorstore", "False"), ("TensorStore", "False"), ("local", "True")):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "GROWMEM_TIER_READS": value, "JAX_PLATFORMS": "cpu"})
@@ -237,17 +237,17 @@ def test_the_environment_can_send_every_read_through_tensorstore():
 def test_only_raw_little_endian_chunk_files_are_read_directly(tmp_path, monkeypatch):
     tier = ColdTier.create(tmp_path / "t", d_in=D, d_out=E, chunk_rows=C)
     meta = tier._arrays["k"].spec().to_json()["metadata"]
-    assert tiered.raw_chunk_files(meta, C) and tier._local is not None
+    assert tier_files.raw_chunk_files(meta, C) and tier._local is not None
     compressed = dict(meta, codecs=[{"name": "bytes", "configuration": {"endian": "little"}},
                                     {"name": "zstd", "configuration": {"level": 1}}])
     for other in (compressed, dict(meta, codecs=[{"name": "bytes", "configuration": {"endian": "big"}}]),
                   dict(meta, chunk_key_encoding={"name": "v2", "configuration": {"separator": "."}}),
                   dict(meta, chunk_key_encoding={"name": "default", "configuration": {"separator": "."}}),
                   dict(meta, chunk_grid={"name": "regular", "configuration": {"chunk_shape": [C, D // 2]}})):
-        assert not tiered.raw_chunk_files(other, C), other
-    assert not tiered.raw_chunk_files(meta, 2 * C)
+        assert not tier_files.raw_chunk_files(other, C), other
+    assert not tier_files.raw_chunk_files(meta, 2 * C)
     # a tier whose arrays are not raw is read through TensorStore, with the same rows
-    monkeypatch.setattr(tiered, "raw_chunk_files", lambda metadata, chunk_rows: False)
+    monkeypatch.setattr(tier_files, "raw_chunk_files", lambda metadata, chunk_rows: False)
     rows = _rows(C, 10)
     tier.write(rows)
     again = ColdTier.open(tmp_path / "t")

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import kernels
 from .. import memory as memlib
-from ..backends import tiered as tiered_lib
+from ..backends import tier_files, tier_format, tier_stream
 from .manager import Checkpointer, CheckpointError
 
 
@@ -60,12 +60,12 @@ def _relocated(meta: dict, here: str) -> dict:
     meta = copy.deepcopy(meta)
     for m in meta["memories"] + meta.get("stores", []):
         for ref in _tier_refs(m):
-            path = tiered_lib.local_path(ref["url"])
+            path = tier_files.local_path(ref["url"])
             if path is None:
                 continue
             rel = os.path.relpath(path, saved)
             if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
-                ref["url"] = tiered_lib.url_of(os.path.join(here, rel))
+                ref["url"] = tier_files.url_of(os.path.join(here, rel))
     return meta
 
 
@@ -124,8 +124,8 @@ def _cold_tier(ref: dict, entry: dict, verify: bool = True):
     """The disk tier a checkpoint refers to, opened read-only and checked (run, generation, rows)
     and, with ``verify``, its cold rows against their checksums: ``ColdTier.checked``."""
     try:
-        return tiered_lib.ColdTier.checked(ref, f"layer {entry['name']}", read_only=True, verify=verify)
-    except tiered_lib.TierError as e:
+        return tier_format.ColdTier.checked(ref, f"layer {entry['name']}", read_only=True, verify=verify)
+    except tier_files.TierError as e:
         raise CheckpointError(str(e)) from None
 
 
@@ -143,7 +143,7 @@ def _cold_rows(ref: dict, entry: dict) -> Dict[str, np.ndarray]:
     spill = ref.get("spill") or {}
     retention = float((entry.get("policy") or {}).get("retention", 1.0))
     weighted = kernels.get((entry.get("spec") or {}).get("kernel", "weighted_softmax")).normalised
-    return tiered_lib.aged(rows, 0, spill.get("seg_start", ()), spill.get("seg_t", ()), int(entry["t"]), retention,
+    return tier_stream.aged(rows, 0, spill.get("seg_start", ()), spill.get("seg_t", ()), int(entry["t"]), retention,
                            weighted)
 
 
