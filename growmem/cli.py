@@ -24,7 +24,7 @@ from typing import List, Optional
 
 
 from .errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
-from .options import SEED_MAX, _finite, _int, _Parser, _size, check_folders, claim_folders  # noqa: F401  (shared with the commands)
+from .options import SEED_MAX, _finite, _int, _Parser, _size, _temperature, check_folders, claim_folders  # noqa: F401  (shared with the commands)
 
 
 # ------------------------------------------------------------------------------------- sizes
@@ -60,7 +60,7 @@ def _add_train(sub):
     p.add_argument("--test-size", type=_int(1, "a positive integer"), default=2048,
                    help="held-out samples for the test loss")
     p.add_argument("--kernel", choices=["weighted_softmax", "rbf"], default="weighted_softmax")
-    p.add_argument("--temperature", type=_finite(1e-6, what="a finite number >= 1e-6"), default=1.0,
+    p.add_argument("--temperature", type=_temperature, default=1.0,
                    help="T (default: 1.0)")
     p.add_argument("--eta", type=_finite(0, what="a finite number >= 0"), default=30.0,
                    help="η: weight learning rate (RBF: value rate)")

@@ -103,6 +103,21 @@ def _num(lo=None, hi=None, lo_open=False, hi_open=False, kind="float"):
     return Field(kind, desc, check)
 
 
+def _rule(rule, kind, allowed):
+    """A field checked by the one rule of its quantity (:mod:`growmem.units`), as every entry point checks it."""
+    def check(v):
+        try:
+            rule(v)
+            return True
+        except ConfigError:
+            return False
+    return Field(kind, allowed, check)
+
+
+#: a kernel temperature T (:func:`growmem.units.check_temperature`)
+TEMPERATURE = _rule(units.check_temperature, "float", f"a finite number >= {units.MIN_TEMPERATURE}")
+
+
 def _enum(*values, default=None):
     return Field("str", "one of " + ", ".join(repr(v) for v in values), lambda v: v in values, default)
 
@@ -116,7 +131,7 @@ MODEL = {
 LAYER = {
     "kernel": _enum(*kernels.KERNELS),
     "rule": _enum(*sorted(rules.RULES)),
-    "temperature": _num(0, lo_open=True),
+    "temperature": TEMPERATURE,
     "eta": _num(0),
     "beta": _num(),
     "alpha": _num(),
@@ -163,14 +178,14 @@ REPLAY = {"samples": _num(0, kind="int")}   # 0: no replay
 TOP = {"description", "model", "layer", "readout", "policy", "hybrid", "train", "inputs", "replay"}
 #: a target-memory preset (growmem.nadaraya): [target] + [keys] + [train]
 TARGET = {
-    "temperature": _num(0, lo_open=True),
+    "temperature": TEMPERATURE,
     "learn_temperature": Field("bool", "true or false"),
     "lr": _num(0),
     "clip": _num(0, lo_open=True),
     "row_dtype": _enum(*memory.ROW_DTYPES),
     "evict": _enum(*nadaraya.EVICTIONS),
     "candidates": _num(1, kind="int"),
-    "budget": Field("str", "a size such as '15.7MB'", lambda v: _size_ok(v)),
+    "budget": _rule(units.byte_budget, "str", "a size such as '15.7MB'"),
 }
 KEYS = {
     "kind": _enum(*keyspaces.KEY_SPACES),
@@ -189,13 +204,6 @@ KEYS = {
 KEY_ARGS = {"identity": {"normalise"}, "dct": {"n", "deskew"}, "projection": {"dim", "seed"},
             "subspaces": {"dim", "n_fit", "rho", "param_dtype", "buffer_dtype", "max_regimes"}}
 TARGET_TOP = {"description", "target", "keys", "train"}
-
-
-def _size_ok(v) -> bool:
-    try:
-        return units.parse_size(v) > 0
-    except ValueError:
-        return False
 
 
 def _type_ok(kind, v):
@@ -363,7 +371,7 @@ class TargetPreset:
     @property
     def budget_bytes(self) -> Optional[int]:
         b = dict(self.target).get("budget")
-        return None if b is None else int(units.parse_size(b))
+        return units.byte_budget(b, "target.budget")
 
     def key_space(self, d_in: int):
         k = dict(self.keys)

@@ -49,6 +49,7 @@ import numpy as np
 from jax import lax
 
 from growmem import native
+from growmem.units import check_temperature
 
 #: default upper bound on rows per chunk (small rows); see :func:`chunk_rows`
 DEFAULT_CHUNK = 8192
@@ -481,9 +482,8 @@ def reduce(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, c
     computes only ``∂/∂q`` and ``∂/∂T``): use it when the rows are not trained.
     """
     kern = get(kernel)
-    if kern.uses_temperature and isinstance(temperature, (int, float, np.number)) and \
-            not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    if kern.uses_temperature and isinstance(temperature, (int, float, np.number)):   # a traced T is not checked
+        check_temperature(temperature)
     if isinstance(size, (int, np.integer)) and size < 0:
         raise ValueError(f"size (rows in use) must be >= 0, got {size}")
     q, k, v = (_as_array(a) for a in (q, k, v))

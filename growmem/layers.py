@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 
 from . import backends, kernels, memory as memlib, policies, rules
+from .units import MIN_TEMPERATURE, check_temperature  # noqa: F401  (MIN_TEMPERATURE: re-exported)
 
 GRAD_UNITS = ("per_sample", "batch_mean")
 INITS = ("empty", "random", "zeros")
 #: rows preallocated per growing layer before the first geometric growth
 DEFAULT_CAPACITY = 4096
-#: the smallest temperature: ⟨k, q⟩ / (T √d) overflows float32 below it
-MIN_TEMPERATURE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +83,8 @@ class GrowingSpec:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.init != "empty" and self.init_rows <= 0:
             raise ValueError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
-        if kern.uses_temperature and not (isinstance(self.temperature, (int, float)) and
-                                          math.isfinite(self.temperature) and self.temperature >= MIN_TEMPERATURE):
-            raise ValueError(f"temperature must be a finite number >= {MIN_TEMPERATURE} (smaller ones overflow "
-                             f"float32 scores), got {self.temperature}")
+        if kern.uses_temperature:
+            check_temperature(self.temperature)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
         if self.chunk <= 0:

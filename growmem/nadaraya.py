@@ -63,6 +63,7 @@ from . import kernels
 from . import memory as memlib
 from .errors import ConfigError
 from .keyspaces import KeySpace
+from .units import byte_budget, check_temperature
 
 NW = kernels.NADARAYA_WATSON
 EVICTIONS = ("redundant", "random", "oldest", "merge")
@@ -278,16 +279,14 @@ class TargetMemory:
                  lr: float = 0.05, clip: float = 1.0, row_dtype: str = "bfloat16",
                  budget_bytes: Optional[int] = None, evict: str = "redundant", candidates: int = 8,
                  classify: bool = True, seed: int = 0, chunk: int = kernels.DEFAULT_CHUNK):
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        temperature = check_temperature(temperature)
         if not (math.isfinite(lr) and lr >= 0) or not (math.isfinite(clip) and clip > 0):
             raise ValueError(f"lr must be finite and >= 0 and clip finite and > 0, got lr={lr}, clip={clip}")
         if evict not in EVICTIONS:
             raise ValueError(f"unknown eviction {evict!r}; choose one of {EVICTIONS}")
         if d_out < 1:
             raise ValueError(f"d_out must be >= 1, got {d_out}")
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        budget_bytes = byte_budget(budget_bytes)
         self.keys = keys
         self.d_out = int(d_out)
         self.row_dtype = memlib.row_dtype(row_dtype)

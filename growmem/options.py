@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .errors import CheckpointError, UsageError
+from .errors import CheckpointError, ConfigError, UsageError
 from .locks import LockedError, RunFolders, check_run_folder
 
 
@@ -70,16 +70,24 @@ SEED_MAX = 2 ** 31 - 1
 
 
 def _size(text):
-    """An argparse type: a positive size (``512MB``, ``1.5GB``, ``4096``) in bytes."""
-    from .units import parse_size
+    """An argparse type: a positive size (``512MB``, ``1.5GB``, ``4096``) in bytes
+    (:func:`growmem.units.byte_budget`)."""
+    from .units import byte_budget
 
     try:
-        n = parse_size(text)
-    except ValueError as e:
+        return byte_budget(str(text), what="a size")
+    except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive size, got {text}")
-    return n
+
+
+def _temperature(text):
+    """An argparse type: a kernel temperature (:func:`growmem.units.check_temperature`)."""
+    from .units import MIN_TEMPERATURE, check_temperature
+
+    try:
+        return check_temperature(float(text))
+    except (ValueError, ConfigError):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= {MIN_TEMPERATURE}, got {text}") from None
 
 
 def check_folders(kind: str, checkpoint_dir, resume: bool, out):

@@ -70,6 +70,7 @@ from . import nadaraya
 from .errors import ConfigError
 from .keyspaces import Identity, KeySpace
 from .reservoir import Slots
+from .units import byte_budget
 
 #: how kNN may store its keys
 ROW_DTYPES = ("bfloat16", "float32", "uint8")
@@ -116,8 +117,7 @@ class _OrderFree:
                               f"{keys.name} opens regimes as it goes")
         if int(d_out) < 1:
             raise ValueError(f"d_out must be >= 1, got {d_out}")
-        if budget_bytes is not None and int(budget_bytes) <= 0:
-            raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
+        budget_bytes = byte_budget(budget_bytes)
         self.keys = keys
         self.d_out = int(d_out)
         self.budget_bytes = None if budget_bytes is None else int(budget_bytes)

@@ -125,7 +125,7 @@ BASE = 'description = "x"\n'
 @pytest.mark.parametrize("body, key, allowed", [
     ('[layer]\ntemprature = 1.0\n', "layer.temprature", "temperature"),
     ('colour = 1\n', "colour", "allowed top-level keys"),
-    ('[layer]\ntemperature = "hot"\n', "layer.temperature", "a number > 0"),
+    ('[layer]\ntemperature = "hot"\n', "layer.temperature", "a finite number >= 1e-06"),
     ('[model]\nn_blocks = 1.5\n', "model.n_blocks", "an integer >= 0"),
     ('[layer]\nhybrid = 1\n', "layer.hybrid", "true or false"),
     ('[layer]\nkernel = "cosine"\n', "layer.kernel", "'weighted_softmax'"),

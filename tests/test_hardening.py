@@ -2,6 +2,7 @@
 the ``growmem`` command is one line on stderr with a non-zero exit code and nothing half-written.
 
 The CLI cases run the real command in a subprocess (exit code, stderr, the folders it touched)."""
+import argparse
 import gzip
 import json
 import os
@@ -285,7 +286,7 @@ def _cases(tmp_path):
               (["--policy", binary], "not valid TOML"), (["--policy", "/no/such/dir/capped.toml"], "no such preset file"),
               (["--task", "mnist", "--data-dir", tmp_path / "nowhere"], "does not exist"),
               (["--policy", "target_dct"], "growmem continual --policy target_dct"),
-              (["--ram-budget", "0"], "must be a positive size"), (["--ram-budget", "-1MB"], "cannot read '-1MB'"),
+              (["--ram-budget", "0"], "must be a positive number of bytes"), (["--ram-budget", "-1MB"], "cannot read '-1MB'"),
               (["--ram-budget", "15.7XB"], "cannot read"), (["--seed", str(2 ** 64)], "--seed"),
               (["--seed", str(2 ** 63 - 1)], "--seed"), (["--seed", "-1"], "--seed")]
     cases = [(c + out, m) for c, m in cases]
@@ -470,3 +471,54 @@ def test_bad_samples_marks_a_sample_bad_in_every_layer_when_one_of_its_rows_is_n
     want = ~a | ~b.reshape(3, 2).all(axis=1)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(got, [False, True, True])
+
+
+def test_a_budget_and_a_temperature_are_refused_by_one_rule_at_every_entry_point(tmp_path):
+    """issue 28: the memory budget and the kernel temperature each have one rule (growmem.units), which the
+    API's constructors, the preset schema and the commands all apply: the same values are refused with the
+    same words, and the same sizes accepted as the same byte counts."""
+    from growmem import config, keyspaces, nadaraya, order_free, units
+    from growmem.backends.tiered import Tiered
+    from growmem.errors import ConfigError
+    from growmem.options import _size
+
+    budget = {
+        "units.byte_budget": lambda b: units.byte_budget(b),
+        "TargetMemory": lambda b: nadaraya.TargetMemory(keyspaces.Identity(4), 2, temperature=1.0, budget_bytes=b).budget_bytes,
+        "NCM": lambda b: order_free.NCM(keyspaces.Identity(4), 2, budget_bytes=b).budget_bytes,
+        "Tiered": lambda b: Tiered(tmp_path / "cold", ram_budget_bytes=b).ram_budget_bytes,
+    }
+    for name, make in budget.items():
+        for bad in (0, -5, 1.5, "0MB", "12XB", True, float("nan"), float("inf"), [1]):
+            with pytest.raises(ConfigError, match="must be a positive number of bytes|cannot read"):
+                make(bad)
+        for good, n in ((4096, 4096), (np.int64(4096), 4096), (3e6, 3_000_000), ("1.5MB", 1_500_000)):
+            got = make(good)
+            assert got == n and type(got) is int, (name, good, got)
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive number of bytes"):
+        _size("0")
+    assert _size("1.5MB") == 1_500_000
+
+    temperature = {
+        "units.check_temperature": lambda t: units.check_temperature(t),
+        "GrowingSpec": lambda t: gm.GrowingSpec.make("weighted_softmax", eta=1.0, beta=1.0, temperature=t),
+        "TargetMemory": lambda t: nadaraya.TargetMemory(keyspaces.Identity(4), 2, temperature=t),
+        "kernels.rbf": lambda t: kernels.rbf([[1.0, 0.0]], [[1.0, 0.0]], [[1.0]], temperature=t),
+    }
+    for name, make in temperature.items():
+        for bad in (0.0, -1.0, 1e-7, float("nan"), float("inf"), True):
+            with pytest.raises(ConfigError, match=f"temperature must be a finite number >= {units.MIN_TEMPERATURE}"):
+                make(bad)
+        make(units.MIN_TEMPERATURE)
+        make(2.0)
+    # the preset schema: the same bound, named with the file and the key
+    preset = tmp_path / "p.toml"
+    preset.write_text('description = "t"\n[target]\ntemperature = 1e-7\n[keys]\nkind = "identity"\n')
+    with pytest.raises(ConfigError, match=f"'target.temperature' = 1e-07 is not allowed; allowed: a finite number "
+                                          f">= {units.MIN_TEMPERATURE}"):
+        config.load(preset)
+    preset.write_text('description = "t"\n[target]\ntemperature = 0.5\nbudget = "0MB"\n[keys]\nkind = "identity"\n')
+    with pytest.raises(ConfigError, match="'target.budget' = '0MB' is not allowed"):
+        config.load(preset)
+    preset.write_text('description = "t"\n[target]\ntemperature = 1e-6\nbudget = "1.5MB"\n[keys]\nkind = "identity"\n')
+    assert config.load(preset).budget_bytes == 1_500_000

@@ -326,7 +326,7 @@ def test_state_round_trip_is_exact_and_training_continues_identically(make):
     (lambda: of.SLDA(_raw(), C, shrinkage=1.5), r"shrinkage .* \(0, 1\]"),
     (lambda: of.SLDA(_raw(), C, shrinkage=float("nan")), r"shrinkage .* \(0, 1\]"),
     (lambda: of.NCM(_raw(), 0), "d_out must be >= 1"),
-    (lambda: of.NCM(_raw(), C, budget_bytes=0), "budget_bytes must be > 0"),
+    (lambda: of.NCM(_raw(), C, budget_bytes=0), "budget_bytes must be a positive number of bytes"),
     (lambda: of.NCM(np.eye(3), C), "must be a growmem.keyspaces.KeySpace"),
     (lambda: of.SLDA(keyspaces.Subspaces(D, dim=2, n_fit=10), C), "fixed key space with one regime"),
 ])

@@ -151,7 +151,7 @@ def test_usage_errors_are_one_line_before_torch_avalanche_or_jax_is_imported(tmp
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     want = ["--checkpoint-every: must be a positive integer, got 0", "unknown stream 'mnist'; valid streams",
-            "unknown method 'replay'; valid methods", "must be comma-separated integers", "must be a positive size",
+            "unknown method 'replay'; valid methods", "must be comma-separated integers", "must be a positive number of bytes",
             "--resume needs --checkpoint-dir", "does not exist, so there is no run to resume",
             "does not exist, so there is no run to resume", "--keep: must be an integer >= 1",
             "unknown experiment 'NOSUCH'; the experiments are single-pass, ",

@@ -59,6 +59,7 @@ import numpy as np
 from .. import kernels, locks
 from .. import memory as memlib
 from ..errors import CheckpointError, ConfigError
+from ..units import byte_budget
 from . import RAM, _temperature
 # row_bytes, TierWriteError: re-exported (the public names of the cold tiers live in growmem.backends.tiered)
 from .tier_files import (COLD_CHUNK_BYTES, FIELDS, TierError, TierWriteError, _safe, join_url, local_path, row_bytes,
@@ -108,8 +109,9 @@ class Tiered(RAM):
         if self.directory is None:
             raise ValueError("Tiered needs a directory (a folder or a TensorStore kvstore URL)")
         object.__setattr__(self, "directory", os.fspath(self.directory))
-        if not isinstance(self.ram_budget_bytes, int) or self.ram_budget_bytes <= 0:
-            raise ConfigError(f"ram_budget_bytes must be a positive integer, got {self.ram_budget_bytes!r}")
+        if self.ram_budget_bytes is None:
+            raise ConfigError("Tiered needs ram_budget_bytes: the bytes of rows kept in RAM (e.g. 512MB)")
+        object.__setattr__(self, "ram_budget_bytes", byte_budget(self.ram_budget_bytes, "ram_budget_bytes"))
         object.__setattr__(self, "_layers", {})    # name -> (row bytes, store or {shard: store})
         # unique in the process, the same in every fresh process: the key is part of the compiled programs
         # (the native cold read's attribute), so a resumed run finds them in the persistent compilation cache

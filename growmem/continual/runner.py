@@ -464,11 +464,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     """
     if growmem_loop not in LOOPS:
         raise unknown("growmem loop", growmem_loop, LOOPS)
-    if isinstance(budget_bytes, str):
-        from growmem.units import parse_size
-        budget_bytes = parse_size(budget_bytes)
-    if budget_bytes is not None and int(budget_bytes) <= 0:
-        raise ConfigError(f"budget_bytes must be positive, got {budget_bytes}")
+    from growmem.units import byte_budget
+    budget_bytes = byte_budget(budget_bytes)
     seeds = [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"seeds must be a non-empty list of distinct integers, got {seeds}")
