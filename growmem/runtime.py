@@ -23,6 +23,9 @@ time, measured alone in one session). The
 tunable is read only at process start, so the function re-executes the same command line with
 it set — the commands above call it first, before any work; a library user sets the variable
 in the shell instead (``GROWMEM_MALLOC=system`` opts out of both settings).
+
+:func:`allgather_json`: small JSON values (row counts, checksums, tier references) exchanged between the
+processes of a distributed run — the one way the backends and the checkpointer share host metadata.
 """
 from __future__ import annotations
 
@@ -107,3 +110,22 @@ def exec_with_huge_pages() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *argv[1:]], env)
+
+
+def allgather_json(value) -> list:
+    """``value`` (JSON-able) of every process of a ``jax.distributed`` run, in process order: a collective
+    (every process calls it at the same point); ``[value]`` in a single process."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [value]
+    import json
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    blob = json.dumps(value).encode()
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([len(blob)], np.int64))).reshape(-1)
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[:len(blob)] = np.frombuffer(blob, np.uint8)
+    return [json.loads(bytes(b[:n]).decode()) for b, n in zip(np.asarray(multihost_utils.process_allgather(buf)), sizes)]

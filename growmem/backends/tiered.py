@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from typing import Any, Callable, Dict, Optional
 
@@ -59,6 +58,7 @@ import numpy as np
 from .. import kernels, locks
 from .. import memory as memlib
 from ..errors import CheckpointError, ConfigError
+from ..runtime import allgather_json
 from ..units import byte_budget
 from . import RAM, _temperature
 # row_bytes, TierWriteError: re-exported (the public names of the cold tiers live in growmem.backends.tiered)
@@ -452,17 +452,9 @@ def _allgather_json(sharded, local: Dict[int, dict], mem) -> list:
     s = sharded.n_shards
     if jax.process_count() == 1:
         return [local[j] for j in range(s)]
-    from jax.experimental import multihost_utils
-
-    blob = json.dumps({str(j): v for j, v in local.items()}).encode()
-    size = np.asarray([len(blob)], np.int64)
-    sizes = np.asarray(multihost_utils.process_allgather(size)).reshape(-1)
-    buf = np.zeros(int(sizes.max()), np.uint8)
-    buf[:len(blob)] = np.frombuffer(blob, np.uint8)
-    bufs = np.asarray(multihost_utils.process_allgather(buf))
     out = {}
-    for b, n in zip(bufs, sizes):
-        out.update(json.loads(bytes(b[:n]).decode()))
+    for theirs in allgather_json({str(j): v for j, v in local.items()}):
+        out.update(theirs)
     return [out[str(j)] for j in range(s)]
 
 

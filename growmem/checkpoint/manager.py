@@ -40,6 +40,7 @@ from .. import backends, locks
 from ..version import __version__
 from .. import memory as memlib
 from ..backends.sharded import host_value
+from ..runtime import allgather_json
 from ..errors import CheckpointError, ConfigMismatchError, CorruptCheckpointError, IncompatibleVersionError
 from ..layers import GrowingSpec
 from ..store import Store
@@ -198,19 +199,12 @@ def _local_crcs(a: jax.Array) -> Dict[str, int]:
 
 
 def _gather_json(local: dict) -> dict:
-    """Merge small dicts from every process (collective)."""
+    """Merge small dicts from every process (collective: :func:`growmem.runtime.allgather_json`)."""
     if jax.process_count() == 1:
         return local
-    from jax.experimental import multihost_utils
-
-    blob = json.dumps(local).encode()
-    size = np.asarray([len(blob)], np.int64)
-    sizes = np.asarray(multihost_utils.process_allgather(size)).reshape(-1)
-    buf = np.zeros(int(sizes.max()), np.uint8)
-    buf[:len(blob)] = np.frombuffer(blob, np.uint8)
     out = {}
-    for b, n in zip(np.asarray(multihost_utils.process_allgather(buf)), sizes):
-        for k, v in json.loads(bytes(b[:n]).decode()).items():
+    for theirs in allgather_json(local):
+        for k, v in theirs.items():
             out.setdefault(k, {}).update(v) if isinstance(v, dict) else out.__setitem__(k, v)
     return out
 
