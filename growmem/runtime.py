@@ -128,4 +128,5 @@ def allgather_json(value) -> list:
     sizes = np.asarray(multihost_utils.process_allgather(np.asarray([len(blob)], np.int64))).reshape(-1)
     buf = np.zeros(int(sizes.max()), np.uint8)
     buf[:len(blob)] = np.frombuffer(blob, np.uint8)
-    return [json.loads(bytes(b[:n]).decode()) for b, n in zip(np.asarray(multihost_utils.process_allgather(buf)), sizes)]
+    bufs = np.asarray(multihost_utils.process_allgather(buf))
+    return [json.loads(bytes(b[:n]).decode()) for b, n in zip(bufs, sizes)]

@@ -484,7 +484,8 @@ def test_a_budget_and_a_temperature_are_refused_by_one_rule_at_every_entry_point
 
     budget = {
         "units.byte_budget": lambda b: units.byte_budget(b),
-        "TargetMemory": lambda b: nadaraya.TargetMemory(keyspaces.Identity(4), 2, temperature=1.0, budget_bytes=b).budget_bytes,
+        "TargetMemory": lambda b: nadaraya.TargetMemory(keyspaces.Identity(4), 2, temperature=1.0,
+                                                        budget_bytes=b).budget_bytes,
         "NCM": lambda b: order_free.NCM(keyspaces.Identity(4), 2, budget_bytes=b).budget_bytes,
         "Tiered": lambda b: Tiered(tmp_path / "cold", ram_budget_bytes=b).ram_budget_bytes,
     }

@@ -244,8 +244,9 @@ class Sharded(RAM):
         extra = [a.at[dest].set(jnp.zeros((b,) + a.shape[1:], a.dtype), mode="drop") for a in extra]
         return out, extra
 
-    def _compact(self, arrays, keep, size, cs):
-        """Each shard's kept rows moved to the front of its block, in order."""
+    def compact_blocks(self, arrays, keep, size, cs):
+        """Each shard's kept rows moved to the front of its block, in order (also the tier's spill: what
+        stays hot after the oldest rows went to disk)."""
         s = self.n_shards
         idx = jnp.arange(s * cs)
         valid = (idx % cs) < size[idx // cs]
@@ -259,7 +260,7 @@ class Sharded(RAM):
             raise ValueError("a policy that sets the per-row state of new rows (labels(), capacity(on_full="
                              "'evict_balanced' or 'merge')) runs on memories in RAM (backends.RAM), not on sharded ones")
         cs = self.block(mem)
-        arrays, sizes = self._compact([mem.w, mem.k, mem.v, mem.born, *extra], keep, mem.size, cs)
+        arrays, sizes = self.compact_blocks([mem.w, mem.k, mem.v, mem.born, *extra], keep, mem.size, cs)
         mem = mem.replace(w=arrays[0], k=arrays[1], v=arrays[2], born=arrays[3], size=sizes)
         return self._append(mem, w, k, v, born, mask, arrays[4:])
 
@@ -297,7 +298,7 @@ class Sharded(RAM):
             raise ValueError(f"a mesh axis of {self.n_shards} devices does not divide the row quantum "
                              f"{memlib.ROW_QUANTUM}: use a power of two")
         if isinstance(mem.size, jax.Array) and mem.size.ndim == 1:      # already sharded rows (a restore)
-            return self._put(mem.replace(backend=self))
+            return self.place_memory(mem.replace(backend=self))
         rows = mem.rows()
         cs = mem.capacity // self.n_shards
         if self.tiered is not None:   # preallocated past a shard's RAM budget: give the room back (as Tiered.attach)
@@ -355,9 +356,8 @@ class Sharded(RAM):
             mem = self.tiered.attach_shards(self, mem, name)
         return mem
 
-    def _put(self, mem):
-        """Row arrays sharded, the rest replicated (after a host-side change)."""
-        sh = self.rows_sharding()
+    def place_memory(self, mem):
+        """Row arrays sharded, the rest replicated (after a host-side change, here or in the tier)."""
         rows = {f: self.place_rows(getattr(mem, f)) for f in memlib.FIELDS}
         return mem.replace(**rows, size=self.place(mem.size), t=self.place(mem.t),
                            ext=jax.tree.map(self.place, mem.ext))
@@ -494,7 +494,7 @@ class Sharded(RAM):
             rows = {f: np.concatenate([np.asarray(arrays[f])[j * cs:j * cs + n] for j, n in enumerate(sizes)])
                     for f in memlib.FIELDS}
             mem = self.from_rows(rows, spec=template.spec, t=int(meta["t"]), policy=template.policy, name=name)
-        mem = self._put(mem)   # arrays saved whole (one shard) come back as host arrays
+        mem = self.place_memory(mem)   # arrays saved whole (one shard) come back as host arrays
         if self.tiered is not None:
             mem = self.tiered.restore_shards(self, mem, name, meta.get("tiers"))
         return mem

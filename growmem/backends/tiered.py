@@ -387,10 +387,10 @@ class Tiered(RAM):
                 host = {f: np.asarray(sharded.local_blocks(mem, f)[j])[:drop[j]] for f in FIELDS}
                 store.spill(host, int(jax.device_get(mem.t.addressable_data(0))))
         keep = ~(((np.arange(mem.capacity) % cs) < drop[np.arange(mem.capacity) // cs]))
-        arrays, new_sizes = sharded._compact([getattr(mem, f) for f in FIELDS],
-                                             jax.device_put(jnp.asarray(keep), sharded.rows_sharding()), mem.size, cs)
+        keep = jax.device_put(jnp.asarray(keep), sharded.rows_sharding())
+        arrays, new_sizes = sharded.compact_blocks([getattr(mem, f) for f in FIELDS], keep, mem.size, cs)
         moved = mem.replace(**dict(zip(FIELDS, arrays)), size=new_sizes)
-        moved = sharded._put(moved)
+        moved = sharded.place_memory(moved)
         return self._install_shard_view(sharded, moved, view.ref.key, {j: s.rows for j, s in stores.items()}, c)
 
     def cold_rows_total(self, mem) -> int:
