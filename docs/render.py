@@ -560,13 +560,17 @@ def render_headline(continual, repro_single, single, hybrid, spill) -> str:
                      f"`{top}` **{_acc(s[top])}**",
                      f"best other method within the budget `{rival}` {_acc(s[rival])}"
                      + (f"; `{knn[0]}` {_acc(s[knn[0]])}" if knn and knn[0] != rival else ""), "`continual.json`"])
-    bar = repro_single["summary"]["bar"]
-    rows.append(["one pass over MNIST (B = 16, L = 2): test accuracy",
-                 ", ".join(f"{m} **{pct(b['measured'])}**" for m, b in bar.items()),
-                 "reference implementation: " + ", ".join(pct(b["reference"]) for b in bar.values()),
-                 "`repro/single-pass.json`"])
+    rs = repro_single["summary"]
+    acc = lambda m: rs["metrics"][f"accuracy/{m}"]
+    pm = lambda m: f"{pct(acc(m)['mean'])} ± {100 * acc(m)['std']:.2f}"
+    claim = rs["claims"]["growing_beats_mlps"]
+    rows.append([f"one pass over {rs['samples']:,} {rs['dataset'].upper()} images (B = 16, L = 2), "
+                 f"{len(rs['seeds'])} seeds: test accuracy",
+                 ", ".join(f"{m} **{pm(m)}**" for m in ("weighted_softmax", "gauge", "rbf")),
+                 f"best MLP `{rs['best_mlp']}` {pm(rs['best_mlp'])}; kernel ridge {pm('kernel_ridge')}; "
+                 f"\"{claim['claim']}\": {claim['verdict']}", "`repro/single-pass.json`"])
     sp = single["summary"]
-    rows.append(["that pass (weighted softmax, fp32) on the CPU", f"**{sp['wall_s']:.0f} s**, "
+    rows.append(["one pass over all of MNIST (weighted softmax, fp32) on the CPU: wall time", f"**{sp['wall_s']:.0f} s**, "
                  f"{times(sp['ratio_to_roofline'])} the roofline", f"{sp['reference_wall_s_reported']:.0f} s reported "
                  "for the reference implementation (another machine)", "`single_pass.json`"])
     h = hybrid["summary"]

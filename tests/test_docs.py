@@ -6,6 +6,8 @@ import importlib.util
 import json
 import os
 import re
+
+import numpy as np
 import subprocess
 import sys
 from pathlib import Path
@@ -94,9 +96,12 @@ def test_readme_headline_shows_the_committed_numbers():
         top = max(ours, key=lambda m: ours[m]["accuracy_mean"])
         r = ours[top]
         assert f"`{top}` **{r['accuracy_mean']:.4f} ± {r['accuracy_std']:.4f} ({r['seeds']} seeds)**" in text, stream
-    bar = json.loads((render.RESULTS / "repro" / "single-pass.json").read_text())["summary"]["bar"]
-    for method, b in bar.items():
-        assert f"{method} **{100 * b['measured']:.2f} %**" in text
+    sp = json.loads((render.RESULTS / "repro" / "single-pass.json").read_text())["summary"]
+    for method in ("weighted_softmax", "gauge", "rbf"):       # mean ± sample std over the seeds
+        values = sp["metrics"][f"accuracy/{method}"]["values"]
+        assert len(values) == len(sp["seeds"]) >= 3
+        assert f"{method} **{100 * np.mean(values):.2f} % ± {100 * np.std(values, ddof=1):.2f}**" in text
+    assert f": {sp['claims']['growing_beats_mlps']['verdict']} |" in text
 
 
 def test_readme_links_resolve():
