@@ -183,6 +183,23 @@ def test_sweep_extends_a_grid_until_the_best_is_inside(tmp_path):
     assert e["edge"] == "high" and e["value"] == pytest.approx(1e-2) and "extension limit" in e["reason"]
 
 
+def test_a_sweep_extending_its_grid_grows_the_progress_total_with_it(tmp_path, monkeypatch):
+    """The bar's total counts the grid given; each value added beyond it adds its steps, so the total
+    ends equal to the steps run (the ETA never ran past 100 %)."""
+    monkeypatch.setenv("GROWMEM_PROGRESS", "1")
+    ctx = core.Context("fake", "smoke", tmp_path, progress=True)
+    steps = 7
+    ctx.start(2 * steps)
+
+    def fn(hp):   # peak at lr = 1e-2: two values beyond the grid
+        ctx.update(steps)
+        return {"accuracy": -(math.log10(hp["lr"]) + 2) ** 2}
+
+    core.sweep(ctx, "m", core.grid({"lr": [1e-4, 1e-3]}), fn, steps=steps, extend={"lr": 3})
+    assert ctx.bar.n == 4 * steps and ctx.bar.total == ctx.bar.n
+    ctx.finish()
+
+
 def test_sweep_edge_reasons_divergence_bounds_and_momentum_spacing(tmp_path):
     def fn(hp):
         if hp["lr"] > 5e-3:

@@ -317,6 +317,13 @@ class Context:
         if self.bar is not None:
             self.bar.update(n)
 
+    def more(self, n: int):
+        """``n`` steps more than :meth:`start` counted (a sweep extending its grid past the values it was
+        given), so the bar's total and ETA stay true."""
+        if self.bar is not None and n > 0:
+            self.bar.total = (self.bar.total or 0) + int(n)
+            self.bar.refresh()
+
     def status(self, text: str):
         if self.bar is not None:
             self.bar.set_postfix_str(text[:60])
@@ -460,7 +467,10 @@ def sweep(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict], d
             break
         for axis, side, nxt in proposals:
             extended[(axis, side)] += 1
-            r = run_one({**best["hyper"], axis: nxt})
+            hp = {**best["hyper"], axis: nxt}
+            if json.dumps(hp, sort_keys=True, default=str) not in seen:
+                ctx.more(steps)                  # a run the bar's total did not count
+            r = run_one(hp)
             if not finite(r):
                 stopped[(axis, side)] = f"{axis} = {nxt:g} beyond it diverged (the best sits at the stability edge)"
     best = best_of()
