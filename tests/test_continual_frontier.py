@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = 0.1307, 0.3081
 
 
+def _frontier():
+    """benchmarks/continual_frontier.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
+    cf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cf)
+    return cf
+
+
 def _pixels(rng, n, d=784):
     p = rng.integers(0, 256, size=(n, d))
     return p, torch.from_numpy(((p / 255.0 - MEAN) / STD).astype(np.float32))
@@ -253,11 +263,7 @@ def test_proj_baselines_store_the_target_proj_merge_presets_keys():
 def test_tuning_grid_edges_are_judged_per_setting():
     """A chosen value at the smallest or largest value tried for its setting is an edge; the center of a
     one-setting-at-a-time grid is not, whatever its position in the list."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
-    cf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cf)
+    cf = _frontier()
     grid = cf._cross({"a": 1.0, "b": 1.0}, a=(0.5, 2.0), b=(0.3, 3.0))
     assert [g["overrides"] for g in grid] == [{"a": 1.0, "b": 1.0}, {"a": 0.5, "b": 1.0}, {"a": 2.0, "b": 1.0},
                                              {"a": 1.0, "b": 0.3}, {"a": 1.0, "b": 3.0}]
@@ -290,11 +296,7 @@ def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
     """``--tune --combine``: the points of two tuning runs of one grid join, the choice is made again over all
     of them (a top edge in the first file is inside once the second extends the grid), a point tried in both
     is the later file's, other grids are kept, and every invocation is listed once."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
-    cf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cf)
+    cf = _frontier()
     pt = lambda n, acc: {"settings": {"overrides": {"keys.n": n}}, "accuracy": acc, "bytes_peak": 1,
                          "within_budget": True}
 
@@ -329,13 +331,15 @@ def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
 
 def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_cannot_pass(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
-           "split_mnist", "--protocol", "offline", "--methods", "replay_bytes", "--budgets", "0.2MB", "--tune",
+           "split_mnist", "--protocol", "offline", "--methods", "replay_bytes", "--budgets", "0.5MB", "--tune",
            "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    e = json.loads((tmp_path / "continual_frontier_tune.json").read_text())["streams"]["split_mnist"]["200000"][
+    e = json.loads((tmp_path / "continual_frontier_tune.json").read_text())["streams"]["split_mnist"]["500000"][
         "replay_bytes"]
     assert [r["settings"]["epochs"] for r in e["results"]] == [1, 3, 10] and e["protocol"] == "offline"
+    # below 0.3 MB the grid goes on to 30 epochs (10 won at 0.1 MB)
+    assert [p["epochs"] for p in _frontier().OFFLINE_TUNE_GRID["replay_bytes"](100_000, "split_mnist")] == [1, 3, 10, 30]
     best = max(e["results"], key=lambda r: r["accuracy"])
     assert e["chosen"] == best["settings"]
     want_edge = [] if best["settings"]["epochs"] == 3 else ["epochs"]
