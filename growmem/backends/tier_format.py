@@ -330,6 +330,16 @@ class ColdTier:
             return {f: pool.submit(self._read_local, f, lo // c, hi - lo, gen, arrays, sums) for f in fields}
         return {f: self._arrays[f][lo:hi].read() for f in fields}
 
+    def collect(self, futs) -> Dict[str, np.ndarray]:
+        """The rows of an :meth:`issue`: ``{field: array}``; a failed read is a :class:`TierError` naming
+        the tier."""
+        try:
+            return {f: fu.result() for f, fu in futs.items()}
+        except TierError:
+            raise
+        except Exception as e:
+            raise TierError(f"reading the cold tier at {self.url} failed: {e}") from e
+
     def _read_local(self, f: str, j: int, n: int, generation: int, arrays, checksums) -> np.ndarray:
         shape, dt = self.shapes()[f], self.dt(f)
         path = os.path.join(self._local, self.chunk_key(f, j, generation))
@@ -359,12 +369,7 @@ class ColdTier:
             if nxt < len(starts):
                 pending.append((starts[nxt], self.issue(starts[nxt], min(n, starts[nxt] + c), fields)))
                 nxt += 1
-            try:
-                rows = {f: fu.result() for f, fu in futs.items()}
-            except TierError:
-                raise
-            except Exception as e:
-                raise TierError(f"reading the cold tier at {self.url} failed: {e}") from e
+            rows = self.collect(futs)
             if verify:
                 self.check_chunk(lo // c, rows)
             yield rows, min(n, lo + c) - lo

@@ -216,12 +216,7 @@ class ColdStore:
         for key in ahead:
             if key not in self._pending:
                 self._pending[key] = issue(key[0])
-        try:
-            rows = {f: fu.result() for f, fu in futs.items()}
-        except TierError:
-            raise
-        except Exception as e:
-            raise TierError(f"reading the cold tier at {self.tier.url} failed: {e}") from e
+        rows = self.tier.collect(futs)
         rows = self._aged(rows, i * c, max(0, min(c, n - i * c)), t)
         return tuple(np.ascontiguousarray(rows[f], self.tier.dt(f)) for f in fields)
 
