@@ -16,7 +16,12 @@ Faults, not only kills: a file-size limit (``RLIMIT_FSIZE``: a disk that fills) 
 checkpoint write; a full disk (``ENOSPC``) between a spill's chunks and its manifest, and, in the run
 resumed from it, a checkpoint folder turned read-only (``EROFS``) while a step is committed. Each fails
 the run with one line naming the folder; the previous checkpoint stays valid and the run resumes from it
-to the uninterrupted result."""
+to the uninterrupted result.
+
+The killed runs are forked from one warm interpreter (``tests/forked.py``: the imports done once, nothing
+run before the fork), so a restart costs the run's own start — the checkpoint and cold tier read back, the
+coordinator joined, the programs loaded from the compilation cache — not the imports of jax, orbax and
+tensorstore; the faults' runs start as ``python -c`` processes (each sets its fault up before growmem)."""
 import json
 import os
 import signal
@@ -28,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from forked import ForkServer
 from growmem.locks import written_by
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chaos")]   # one reference run, one worker
@@ -68,9 +74,21 @@ FAULTS = {
 }
 
 
+def _args(ck, out, resume):
+    return ["train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
+
+
 def _cmd(ck, out, resume, prologue=""):
     growmem = GROWMEM if not prologue else [sys.executable, "-c", prologue + "\n" + GROWMEM[2]]
-    return [*growmem, "train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
+    return [*growmem, *_args(ck, out, resume)]
+
+
+@pytest.fixture(scope="session")
+def forks(tmp_path_factory):
+    """The warm interpreter the killed runs are forked from (one per worker)."""
+    server = ForkServer(ENV, tmp_path_factory.mktemp("forked"))
+    yield server
+    server.close()
 
 
 def _chunks(ck: Path) -> dict:
@@ -79,10 +97,10 @@ def _chunks(ck: Path) -> dict:
             if p.is_file() and "/c/" in str(p.relative_to(ck))}
 
 
-def _export(ck: Path, npz: Path) -> dict:
-    r = subprocess.run([*GROWMEM, "export", str(ck), "--npz", str(npz)], env=ENV, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
+def _export(forks, ck: Path, npz: Path) -> dict:
+    p = forks.launch(["export", str(ck), "--npz", str(npz)])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
     z = np.load(npz)
     return {k: z[k] for k in z.files if k != "__description__"}
 
@@ -119,26 +137,25 @@ def _watch(proc, ck: Path, kill_after=None):
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory):
+def reference(tmp_path_factory, forks):
     """The uninterrupted run: ``(checkpoint folder, out folder, times of its checkpoints)``. Once per worker
     (session scope); the module's ``xdist_group`` puts its users on one worker — but under pytest 9.2 with
     pytest-xdist 3.8 the group is silently ignored (pytest-xdist#1386) and each worker makes its own."""
     d = tmp_path_factory.mktemp("reference")
-    proc = subprocess.Popen(_cmd(d / "ref", d / "oref", False), env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = forks.launch(_args(d / "ref", d / "oref", False))
     _, times, err = _watch(proc, d / "ref")
     assert proc.returncode == 0 and len(times) > 2, (times, err[-2000:])
     return d / "ref", d / "oref", times
 
 
-def _same_as_reference(reference, ck, out, tmp_path, why):
+def _same_as_reference(forks, reference, ck, out, tmp_path, why):
     """The run in ``ck`` / ``out`` ended where the reference did: metrics, exported rows, cold chunks, and
     no temporary left."""
     ref, oref, _ = reference
     a = json.loads((oref / "metrics.json").read_text())
     b = json.loads((out / "metrics.json").read_text())
     assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"]), why
-    ra, rb = _export(ref, tmp_path / "a.npz"), _export(ck, tmp_path / "b.npz")
+    ra, rb = _export(forks, ref, tmp_path / "a.npz"), _export(forks, ck, tmp_path / "b.npz")
     assert ra.keys() == rb.keys() and all(ra[k].tobytes() == rb[k].tobytes() for k in ra), why
     assert _chunks(ref) == _chunks(ck), why
     assert _chunks(ck), "the run never spilled: raise the steps or lower the budget"
@@ -147,7 +164,7 @@ def _same_as_reference(reference, ck, out, tmp_path, why):
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(reference, tmp_path, fault):
+def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(forks, reference, tmp_path, fault):
     ck, out = tmp_path / "ck", tmp_path / "o"
     for prologue, says in FAULTS[fault]:
         before = _latest(ck)
@@ -157,9 +174,10 @@ def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(refer
         last = r.stderr.strip().splitlines()[-1]
         assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in r.stderr, r.stderr
         assert before < _latest(ck) < 144, (fault, says, before, _latest(ck))   # mid-run, after a new good checkpoint
-    final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
-    assert final.returncode == 0, (fault, final.stderr[-2000:])
-    _same_as_reference(reference, ck, out, tmp_path, fault)
+    final = forks.launch(_args(ck, out, True))
+    _, err = final.communicate(timeout=600)
+    assert final.returncode == 0, (fault, err[-2000:])
+    _same_as_reference(forks, reference, ck, out, tmp_path, fault)
 
 
 def _kill_and_resume(launch, ck: Path, times, seed: int, kills_wanted: int):
@@ -191,17 +209,16 @@ def _seed() -> int:
     return seed
 
 
-def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(reference, tmp_path):
+def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(forks, reference, tmp_path):
     seed = _seed()
     ck, out = tmp_path / "ck", tmp_path / "o"
-    launch = lambda resume: [subprocess.Popen(_cmd(ck, out, resume), env=ENV, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True)]
-    kills = _kill_and_resume(launch, ck, reference[2], seed, KILLS)
-    final = subprocess.run(_cmd(ck, out, True), env=ENV, capture_output=True, text=True, timeout=600)
-    assert final.returncode == 0, (seed, kills, final.stderr[-2000:])
+    kills = _kill_and_resume(lambda resume: [forks.launch(_args(ck, out, resume))], ck, reference[2], seed, KILLS)
+    final = forks.launch(_args(ck, out, True))
+    _, err = final.communicate(timeout=600)
+    assert final.returncode == 0, (seed, kills, err[-2000:])
     print(f"{len(kills)} kills (checkpoint step before each, share of the wait): {kills}")
     assert len(kills) >= KILLS, (seed, kills, "the run ended before every kill point: give it more steps")
-    _same_as_reference(reference, ck, out, tmp_path, (seed, kills))
+    _same_as_reference(forks, reference, ck, out, tmp_path, (seed, kills))
 
 
 # ----------------------------------------------------------------------------- two processes
@@ -215,29 +232,28 @@ RUN2 = ["--steps", "120", "--batch-size", "32", "--test-size", "64", "--eval-eve
 KILLS2 = 20
 
 
-def _launch2(ck: Path, out: Path, resume: bool):
+def _launch2(forks, ck: Path, out: Path, resume: bool):
     from conftest import coordinator_port
 
     port = coordinator_port()
-    return [subprocess.Popen([*GROWMEM, "train", *RUN2, "--checkpoint-dir", str(ck), "--out", str(out),
-                              "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
-                             + (["--resume"] if resume else []), env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True) for i in range(2)]
+    return [forks.launch(["train", *RUN2, "--checkpoint-dir", str(ck), "--out", str(out), "--coordinator",
+                          f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
+                         + (["--resume"] if resume else [])) for i in range(2)]
 
 
 @pytest.mark.xdist_group("chaos_two_processes")   # its own reference: may run beside the 1-process group
-def test_a_two_process_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(tmp_path):
+def test_a_two_process_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_result(forks, tmp_path):
     """Both processes SIGKILLed at once (a host lost), at random points — during a start, a step, the
     collectives of a spill or a checkpoint — then both resumed: the final metrics and every shard's cold
     chunks are those of an uninterrupted 2-process run, and nothing half-written remains."""
     seed = _seed()
     ref, oref = tmp_path / "ref", tmp_path / "oref"
-    procs = _launch2(ref, oref, False)
+    procs = _launch2(forks, ref, oref, False)
     _, times, err = _watch(procs, ref)
     assert [p.returncode for p in procs] == [0, 0] and len(times) > 2, (times, err[-3000:])
     ck, out = tmp_path / "ck", tmp_path / "o"
-    kills = _kill_and_resume(lambda resume: _launch2(ck, out, resume), ck, times, seed, KILLS2)
-    final = _launch2(ck, out, True)
+    kills = _kill_and_resume(lambda resume: _launch2(forks, ck, out, resume), ck, times, seed, KILLS2)
+    final = _launch2(forks, ck, out, True)
     killed, _, err = _watch(final, ck)
     assert [p.returncode for p in final] == [0, 0], (seed, kills, err[-3000:])
     print(f"{len(kills)} kills of both processes (checkpoint step before each, share of the wait): {kills}")
