@@ -15,11 +15,13 @@ reports ``-9``, as ``Popen`` does.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -214,3 +216,31 @@ class Forked:
     def communicate(self, timeout=None):
         self.wait(timeout)
         return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+
+
+_SHARED: dict = {}
+
+
+def shared(env: dict) -> ForkServer:
+    """This process's server for ``env`` (started on first use, ended at exit)."""
+    key = json.dumps(sorted(env.items()))
+    if key not in _SHARED or _SHARED[key].proc.poll() is not None:
+        _SHARED[key] = ForkServer(env, tempfile.mkdtemp(prefix="growmem-forked-"))
+        atexit.register(_SHARED[key].close)
+    return _SHARED[key]
+
+
+def run(env: dict, args, *, cwd=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``subprocess.run(["growmem", *args], env=env, capture_output=True, text=True, cwd=cwd, timeout=timeout)``,
+    forked from :func:`shared` ``(env)``: killed and ``TimeoutExpired`` past ``timeout``, as ``subprocess.run``."""
+    args = [str(a) for a in args]
+    p = shared(env).launch(args, cwd=cwd)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise
+    for f in (p._out, p._err):
+        f.unlink(missing_ok=True)
+    return subprocess.CompletedProcess(["growmem", *args], p.returncode, out, err)

@@ -1,7 +1,9 @@
 """Nothing silent: bad data never enters a memory, runs never corrupt each other, every failure of
 the ``growmem`` command is one line on stderr with a non-zero exit code and nothing half-written.
 
-The CLI cases run the real command in a subprocess (exit code, stderr, the folders it touched)."""
+The CLI cases run the real command in a process of its own (exit code, stderr, the folders it touched),
+forked from a warm interpreter (``tests/forked.py``) unless the case needs a fresh one (a signal, an
+environment of its own)."""
 import argparse
 import gzip
 import json
@@ -13,11 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import forked
 import growmem as gm
 from growmem import kernels, policies
 from growmem.train import NonFiniteLossError, fit
@@ -29,8 +31,8 @@ SMALL = ["--steps", "6", "--batch-size", "8", "--test-size", "32", "--eval-every
 
 
 def run(*args, cwd=None, timeout=300):
-    return subprocess.run([*GROWMEM, *map(str, args)], env=ENV, capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout)
+    """``growmem ARGS`` as its own process, forked from a warm interpreter (``tests/forked.py``)."""
+    return forked.run(ENV, args, cwd=cwd, timeout=timeout)
 
 
 def one_line_failure(r, match=None, code=None):
