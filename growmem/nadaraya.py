@@ -328,8 +328,12 @@ class TargetMemory:
     def rows_in_use(self) -> int:
         return int(sum(len(lab) for lab in self.labels))
 
-    def rows_per_regime(self) -> List[int]:
-        return [len(lab) for lab in self.labels]
+    #: the learner protocol (:mod:`growmem.learner`): rows grow, so a checkpoint restores by path
+    fixed_shapes = False
+
+    def rows(self) -> Dict[str, int]:
+        """Rows in use per key regime (the learner protocol's ``rows``)."""
+        return {f"regime{j}": len(lab) for j, lab in enumerate(self.labels)}
 
     def nbytes(self) -> Dict[str, int]:
         """Bytes counted against a budget: rows in use at their stored dtypes, the key space's state,
@@ -592,4 +596,4 @@ class TargetMemory:
         return {"kernel": NW.name, "keys": self.keys.describe(), "temperature": self.temperature,
                 "learn_temperature": self.learn_temperature, "lr": self.lr, "row_dtype": self.row_dtype.name,
                 "row_bytes": self.row_bytes, "budget_bytes": self.budget_bytes, "evict": self.evict,
-                "rows_per_regime": self.rows_per_regime(), **self.counts}
+                "rows_per_regime": list(self.rows().values()), **self.counts}

@@ -5,9 +5,9 @@ Each model answers from statistics that do not depend on the order of the sample
 class-incremental stream and the shuffled one leave the same model; they are the simple baselines a
 :class:`growmem.nadaraya.TargetMemory` is compared with in the continual benchmark, on the same keys
 (a fixed key space of :mod:`growmem.keyspaces`: ``DCT`` image keys, or ``Identity(d, normalise=False)``
-for the raw inputs). Every class is a drop-in for a target memory as a per-task model: the same
-``observe`` / ``predict`` / ``nbytes`` / ``state`` / ``load_state`` / ``describe`` / ``rows_in_use`` /
-``rows_per_regime`` / ``counts``.
+for the raw inputs). Every class is a learner (:mod:`growmem.learner`), a drop-in for a target memory
+as a per-task model: the same ``observe`` / ``predict`` / ``nbytes`` / ``state`` / ``load_state`` /
+``rows`` and ``describe`` / ``rows_in_use`` / ``counts``.
 
 * :class:`KNN` stores every sample's key (at ``row_dtype``) and its class, and scores a query by the
   votes of its ``k`` nearest keys (``euclidean``: ``‖q‖² + ‖k‖² − 2 q·k``; ``cosine``: ``1 − cos``),
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import ast
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -182,9 +182,13 @@ class _OrderFree:
     def rows_in_use(self) -> int:
         return self._sizes()[0]
 
-    def rows_per_regime(self) -> List[int]:
+    #: the learner protocol (:mod:`growmem.learner`): rows grow, so a checkpoint restores by path
+    fixed_shapes = False
+
+    def rows(self) -> Dict[str, int]:
+        """Rows in use (one regime once a row is stored; the learner protocol's ``rows``)."""
         n = self.rows_in_use()
-        return [n] if n else []
+        return {"regime0": n} if n else {}
 
     def nbytes(self) -> Dict[str, int]:
         """Bytes as a user would store them (module docstring), in the fields of a target memory's."""
@@ -216,7 +220,7 @@ class _OrderFree:
 
     def describe(self) -> dict:
         return {"model": self.name, "keys": self.keys.describe(), "budget_bytes": self.budget_bytes,
-                "rows_per_regime": self.rows_per_regime(), **self.counts}
+                "rows_per_regime": list(self.rows().values()), **self.counts}
 
 
 def _as(a, dtype) -> np.ndarray:

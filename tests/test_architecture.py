@@ -105,7 +105,7 @@ FLOORS = {
     "errors": 0, "version": 0, "environment": 0.5, "native": 0.75,   # native reads environment's variables
     "units": 0.25,   # the one rule of each user-given quantity (units: errors)
     "kernels": 1, "rules": 1, "memory": 1, "keyspaces": 1, "locks": 1, "optim": 1,
-    "classical": 1, "reporting": 1, "runtime": 1, "data": 1, "reservoir": 1,
+    "classical": 1, "reporting": 1, "runtime": 1, "data": 1, "reservoir": 1, "learner": 1,
     "options": 2,
     "backends": 2, "nadaraya": 2,
     "backends.sharded": 3, "backends.tiered": 3, "policies": 3, "order_free": 3,

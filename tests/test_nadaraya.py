@@ -237,7 +237,7 @@ def test_subspaces_open_a_new_regime_when_the_inputs_change_and_not_otherwise():
     for _ in range(10):
         m.observe(draw(1, 16), rng.integers(0, 2, 16))
     assert m.keys.n_regimes == 2
-    assert m.rows_per_regime() == [160, 160]          # every input stored once: buffered ones after the fit
+    assert m.rows() == {"regime0": 160, "regime1": 160}          # every input stored once: buffered ones after the fit
     assert m.nbytes()["key_space_bytes"] == 2 * (d + 3 * d) * 2 + 0   # float16 μ and U, empty buffer
 
 

@@ -1,8 +1,9 @@
 """The growmem side of a continual run, free of PyTorch and Avalanche.
 
 :class:`GrowmemConfig` names the growmem recipe (a preset from ``policies/`` plus overrides) so
-it can be swapped without touching the runner; :class:`GrowmemLearner` holds one growmem
-``Trainer`` per task label and does what both the Avalanche strategy
+it can be swapped without touching the runner; :class:`GrowmemLearner` holds one learner
+(:class:`growmem.learner.Learner`: a target memory, an order-free model, or a growing network's
+``Trainer`` behind :class:`NetworkLearner`) per task label and does what both the Avalanche strategy
 (:class:`growmem.continual.strategy.GrowmemStrategy`) and the fast native loop
 (:mod:`growmem.continual.fast`) need: check inputs, step on a numpy mini-batch, predict,
 count bytes, save and restore through the core ``Checkpointer``.
@@ -215,14 +216,17 @@ class GrowmemLearner:
         self.num_classes = int(num_classes)
         self.input_size = None if input_size is None else int(input_size)
         self.input_shape = None
-        #: what the per-task models are: memories with observe/predict/state (a target memory or an order-free
-        #: model), or Trainers of a growing network — every difference between the two lives there
+        #: how the per-task models are made: memories that are learners themselves (a target memory or an
+        #: order-free model), or a growing network's Trainer behind a NetworkLearner (build, budget, byte fields,
+        #: description, restore by template or by path: every difference between the two lives there)
         self.models = _Memories() if getattr(self.preset, "kind", None) in ("target", "order_free") else _Networks()
         if budget_bytes is None:
             budget_bytes = self.models.own_budget(self.preset)   # a memory preset's own budget, if it has one
         self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
         self.n_tasks = max(1, int(n_tasks))
         self.seed = int(seed)
+        #: the model of each task label, a learner (:class:`growmem.learner.Learner`): ``observe``, ``predict``,
+        #: ``state``, ``nbytes``, ``rows``
         self.trainers: Dict[str, Any] = {}
         self.max_rows: Optional[int] = None
         #: rows every memory allocates under the budget (exactly; ``max_rows`` plus a batch)
@@ -323,25 +327,23 @@ class GrowmemLearner:
 
     def _features(self, x: np.ndarray):
         """What a network preset's Trainer reads for inputs ``x``: its ``[inputs]`` key space's features
-        (:meth:`growmem.config.Preset.features`), or ``x`` (a memory preset's keys are its own)."""
-        if not self.models.reads_features:
-            return x
-        if self._space is None and self.preset.inputs:
+        (:meth:`growmem.config.Preset.features`), or ``x`` itself."""
+        if self._space is None and getattr(self.preset, "inputs", None):
             self._space = self.preset.input_space(x.shape[1])
         return x if self._space is None else np.asarray(self.preset.features(self._space, x))
 
     # ------------------------------------------------------------------ train / predict
     def step(self, x, y, t=None) -> dict:
-        """One growmem step per task label present in the batch (its samples, in batch order)."""
+        """One ``observe`` of each task label's model on its samples of the batch (in batch order)."""
         x = self.as_inputs(x)
         y = self.check_labels(y)
         tasks = np.zeros(len(x), np.int64) if t is None else np.asarray(t).reshape(-1)
         out = {}
         for task in np.unique(tasks):
             idx = np.flatnonzero(tasks == task)
-            tr = self.trainer_for(int(task), x.shape[1])
+            model = self.trainer_for(int(task), x.shape[1])
             sel = slice(None) if len(idx) == len(x) else idx
-            out[self.task_key(task)] = self.models.observe(tr, self._features(x[sel]), y[sel])
+            out[self.task_key(task)] = model.observe(x[sel], y[sel])
         return out
 
     def predict(self, x, t=None, batch_size: int = 1024) -> np.ndarray:
@@ -355,20 +357,29 @@ class GrowmemLearner:
                 continue
             idx = np.flatnonzero(tasks == task)
             sel = slice(None) if len(idx) == len(x) else idx
-            out[sel] = np.asarray(self.trainers[key].predict(self._features(x[sel]), batch_size=batch_size),
-                                  np.float32)
+            out[sel] = np.asarray(self.trainers[key].predict(x[sel], batch_size=batch_size), np.float32)
         return out
 
     def rows_in_use(self) -> Dict[str, int]:
-        return {f"{k}/{part}": n for k, t in self.trainers.items() for part, n in self.models.rows(t).items()}
+        return {f"{k}/{part}": n for k, m in self.trainers.items() for part, n in m.rows().items()}
 
     def memory_bytes(self) -> dict:
-        return self.models.memory_bytes(self)
+        """Bytes of every task's model (their ``nbytes()`` summed, in the fields of this kind's count) and of
+        a network preset's input key space (shared by the tasks, counted once)."""
+        out = dict(self.models.empty_bytes())
+        for m in self.trainers.values():
+            for k, v in m.nbytes().items():
+                out[k] = out.get(k, 0) + int(v)
+        if self._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
+            extra = int(self._space.nbytes())
+            out.update(other_bytes=out["other_bytes"] + extra, bytes_in_use=out["bytes_in_use"] + extra,
+                       bytes_allocated=out["bytes_allocated"] + extra)
+        return out
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, checkpointer, step: int, *, data_position=None, extra=None, config=None) -> int:
-        """Save every task model's state with the core ``Checkpointer`` (one checkpoint)."""
-        state = {k: self.models.state(t) for k, t in self.trainers.items()}
+        """Save every task model's ``state()`` with the core ``Checkpointer`` (one checkpoint)."""
+        state = {k: m.state() for k, m in self.trainers.items()}
         extra = {**(extra or {}), "learner": {"tasks": sorted(self.trainers), "input_size": self.input_size,
                                               "input_shape": list(self.input_shape or ()),
                                               "max_rows": self.max_rows}}
@@ -376,7 +387,9 @@ class GrowmemLearner:
                                  config=config)
 
     def restore(self, checkpointer, step: Optional[int] = None, *, config=None):
-        """Restore the models saved by :meth:`save` (builds them first); returns ``Restored``."""
+        """Restore the models saved by :meth:`save` (builds them first); returns ``Restored``. Models whose
+        state keeps its shapes (``fixed_shapes``: a network's preallocated rows) are restored into a template of
+        them; the others (rows of any count) from the saved arrays by path, checked against their checksums."""
         meta = checkpointer.read_meta(step)
         info = (meta.get("extra") or {}).get("learner", {})
         if info.get("input_size") is not None:
@@ -384,15 +397,75 @@ class GrowmemLearner:
             self.input_shape = tuple(info.get("input_shape") or (self.input_size,))
         for key in info.get("tasks", []):
             self.trainer_for(int(key[len("task"):]), self.input_size)
-        return self.models.restore(self, checkpointer, meta, step, config)
+        if self.models.fixed_shapes:
+            template = {k: m.state() for k, m in self.trainers.items()} or None
+            r = checkpointer.restore(template, step, config=config)
+            for k, m in self.trainers.items():
+                m.load_state(r.state[k])
+            return r
+        return _restore_by_path(self, checkpointer, meta, config)
+
+
+def _restore_by_path(learner, checkpointer, meta, config):
+    """The saved arrays read by path into each task model's ``load_state``, after the config check."""
+    from growmem.checkpoint import ConfigMismatchError, Restored
+    from growmem.checkpoint.manager import diff
+
+    step = int(meta["step"])
+    if config is not None and meta.get("config") is not None:
+        import json
+        diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
+        if diffs:
+            raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
+                                      f"different config: " + "; ".join(diffs))
+    arrays = checkpointer.read_arrays(step, meta)
+    states: Dict[str, dict] = {}
+    for entry in meta["leaves"]:
+        task, _, name = entry["path"].partition("/")
+        states.setdefault(task, {})[name] = arrays[entry["host"]]
+    for key, m in learner.trainers.items():
+        m.load_state(states[key])
+    return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
+                    config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
+                    stores={})
+
+
+class NetworkLearner:
+    """A growing network's ``Trainer`` as a learner (:mod:`growmem.learner`): ``observe`` is one
+    ``Trainer.step`` on the inputs' ``features`` (a preset's ``[inputs]`` key space, shared by the tasks' models
+    and counted once by :meth:`GrowmemLearner.memory_bytes`); its state is the trainer's, of fixed shapes (the
+    rows a budget allows are allocated up front)."""
+
+    fixed_shapes = True
+
+    def __init__(self, trainer, features):
+        self.trainer, self._features = trainer, features
+
+    def observe(self, x, y) -> dict:
+        return self.trainer.step(self._features(x), y)
+
+    def predict(self, x, batch_size: int = 1024):
+        return self.trainer.predict(self._features(x), batch_size=batch_size)
+
+    def state(self):
+        return self.trainer.state
+
+    def load_state(self, state) -> None:
+        self.trainer.set_state(state)
+
+    def nbytes(self) -> Dict[str, int]:
+        from .memory_bytes import growmem_bytes
+        return growmem_bytes({"model": self.trainer})
+
+    def rows(self) -> Dict[str, int]:
+        return self.trainer.rows_in_use()
 
 
 class _Memories:
-    """The per-task models of a target-memory or order-free preset: each a memory with ``observe``,
-    ``predict``, ``state()`` / ``load_state`` and rows per key regime; it reads the raw inputs (its key
-    space is its own) and takes the budget whole."""
+    """How the per-task models of a target-memory or order-free preset are made: each a memory that is a
+    learner itself (it reads the raw inputs: its key space is its own) and takes the budget whole."""
 
-    reads_features = False
+    fixed_shapes = False
 
     @staticmethod
     def own_budget(preset):
@@ -405,59 +478,22 @@ class _Memories:
                                      seed=learner.seed * 1000 + int(task))
 
     @staticmethod
-    def observe(model, x, y) -> dict:
-        return model.observe(x, y)
-
-    @staticmethod
-    def rows(model) -> Dict[str, int]:
-        return {f"regime{j}": n for j, n in enumerate(model.rows_per_regime())}
-
-    @staticmethod
-    def memory_bytes(learner) -> dict:
+    def empty_bytes() -> dict:
         from .memory_bytes import target_bytes
-        return target_bytes(learner.trainers)
-
-    @staticmethod
-    def state(model):
-        return model.state()
-
-    @staticmethod
-    def restore(learner, checkpointer, meta, step, config):
-        """Target memories hold rows of any count: read the saved arrays by path (checked
-        against their checksums) instead of into a template of fixed shapes."""
-        from growmem.checkpoint import ConfigMismatchError, Restored
-        from growmem.checkpoint.manager import diff
-
-        step = int(meta["step"])
-        if config is not None and meta.get("config") is not None:
-            import json
-            diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
-            if diffs:
-                raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
-                                          f"different config: " + "; ".join(diffs))
-        arrays = checkpointer.read_arrays(step, meta)
-        states: Dict[str, dict] = {}
-        for entry in meta["leaves"]:
-            task, _, name = entry["path"].partition("/")
-            states.setdefault(task, {})[name] = arrays[entry["host"]]
-        for key, t in learner.trainers.items():
-            t.load_state(states[key])
-        return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
-                        config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
-                        stores={})
+        return target_bytes({})
 
     @staticmethod
     def describe(learner) -> dict:
         return {"config": learner.config.describe(), "preset_path": learner.preset.path, "kind": "target",
                 "batch_size": learner.batch_size, "epochs": learner.epochs, "budget_bytes": learner.budget_bytes,
-                "tasks": {k: t.describe() for k, t in sorted(learner.trainers.items())}}
+                "tasks": {k: m.describe() for k, m in sorted(learner.trainers.items())}}
 
 
 class _Networks:
-    """The per-task models of a growing-network preset: each a ``Trainer`` (``step``, a fixed-shape
-    state), reading the preset's input features, its rows capped by the budget."""
+    """How the per-task models of a growing-network preset are made: a ``Trainer`` each, behind a
+    :class:`NetworkLearner`, its rows capped by the budget and allocated exactly."""
 
-    reads_features = True
+    fixed_shapes = True
 
     @staticmethod
     def own_budget(preset):
@@ -482,38 +518,12 @@ class _Networks:
                                   f"(D0, init_rows) and a batch: raise the budget to at least {need} B or lower "
                                   f"init_rows")
             tr.set_capacity(learner.rows_allocated)
-        return tr
+        return NetworkLearner(tr, learner._features)
 
     @staticmethod
-    def observe(model, x, y) -> dict:
-        return model.step(x, y)
-
-    @staticmethod
-    def rows(model) -> Dict[str, int]:
-        return model.rows_in_use()
-
-    @staticmethod
-    def memory_bytes(learner) -> dict:
+    def empty_bytes() -> dict:
         from .memory_bytes import growmem_bytes
-        out = growmem_bytes(learner.trainers)
-        if learner._space is not None:       # the fixed input key space's state (e.g. the DCT factor)
-            extra = int(learner._space.nbytes())
-            out.update(other_bytes=out["other_bytes"] + extra, bytes_in_use=out["bytes_in_use"] + extra,
-                       bytes_allocated=out["bytes_allocated"] + extra)
-        return out
-
-    @staticmethod
-    def state(model):
-        return model.state
-
-    @staticmethod
-    def restore(learner, checkpointer, meta, step, config):
-        """Trainers: their states restored into templates of their shapes."""
-        template = {k: t.state for k, t in learner.trainers.items()} or None
-        r = checkpointer.restore(template, step, config=config)
-        for k, t in learner.trainers.items():
-            t.set_state(r.state[k])
-        return r
+        return growmem_bytes({})
 
     @staticmethod
     def describe(learner) -> dict:
