@@ -435,16 +435,7 @@ def _reopen(store: ColdStore, ref: dict, name: str):
 
 def _allgather_counts(sharded, local: Dict[int, int], mem) -> np.ndarray:
     """``(S,)`` per-shard counts from the processes holding the shards."""
-    s = sharded.n_shards
-    if jax.process_count() == 1:
-        return np.asarray([local[j] for j in range(s)], np.int64)
-    from jax.experimental import multihost_utils
-
-    mine = np.full(s, -1, np.int64)
-    for j, n in local.items():
-        mine[j] = n
-    allv = np.asarray(multihost_utils.process_allgather(mine))
-    return allv.max(axis=0)
+    return np.asarray(_allgather_json(sharded, {j: int(n) for j, n in local.items()}, mem), np.int64)
 
 
 def _allgather_json(sharded, local: Dict[int, dict], mem) -> list:
