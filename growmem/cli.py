@@ -230,16 +230,14 @@ def _newest_intact(directory, steps) -> Optional[int]:
 def _spilled(directory) -> bool:
     """Does the latest checkpoint in ``directory`` refer to a cold tier (was the run started with
     --ram-budget)? True when that cannot be read: the resume itself then reports what is wrong."""
-    from .checkpoint import Checkpointer
     from .checkpoint.inspect import _tier_refs
+    from .checkpoint.manager import latest_meta
 
     try:
-        ck = Checkpointer(directory, keep=None, create=False)
-        try:
-            meta = ck.read_meta(ck.latest_step())
-        finally:
-            ck.close()
+        meta = latest_meta(directory)
     except Exception:          # a damaged checkpoint is the resume's to report, with its own message
+        return True
+    if meta is None:
         return True
     return any(_tier_refs(m) for m in meta["memories"] + meta.get("stores", []))
 

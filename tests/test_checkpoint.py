@@ -309,3 +309,27 @@ def test_set_state_resets_row_bounds():
     fresh.set_state(full.state)
     fresh.step(x, y)
     assert list(fresh.rows_in_use().values()) == [384]
+
+
+def test_latest_meta_reads_the_newest_complete_checkpoint_without_a_manager(tmp_path):
+    from growmem.checkpoint.manager import latest_meta
+
+    assert latest_meta(tmp_path / "none") is None
+    (tmp_path / "c").mkdir()
+    assert latest_meta(tmp_path / "c") is None
+    x, y = _data()
+    t = _trainer()
+    c = ck.Checkpointer(tmp_path / "c", keep=3)
+    for _ in range(3):
+        t.step(x[:8], y[:8])
+        c.save(t)
+    (tmp_path / "c" / "9.orbax-checkpoint-tmp-1").mkdir()      # an unfinished step is not a checkpoint
+    try:
+        assert latest_meta(tmp_path / "c") == c.read_meta() and c.read_meta()["step"] == 3
+    finally:
+        c.close()
+    # the same checks as the manager's reader: a description from a newer format is refused
+    meta_file = tmp_path / "c" / "3" / "meta" / "metadata"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "format_version": 99}))
+    with pytest.raises(ck.IncompatibleVersionError):
+        latest_meta(tmp_path / "c")

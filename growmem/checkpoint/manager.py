@@ -339,6 +339,30 @@ def _location(directory) -> str:
 
 # ----------------------------------------------------------------------------- the manager
 
+def _read_meta(directory: str, step: int) -> dict:
+    """The JSON description of checkpoint ``step`` in ``directory``, after the version check."""
+    path = epath.Path(directory) / str(step) / META_ITEM / "metadata"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"checkpoint step {step} in {directory} has no {META_ITEM}/metadata "
+                                     f"file: not a growmem checkpoint, or it is incomplete") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorruptCheckpointError(f"{path} is truncated or corrupt: {e}") from None
+    check_version(meta, where=str(path))
+    return meta
+
+
+def latest_meta(directory) -> Optional[dict]:
+    """The description of the newest complete checkpoint in ``directory`` (None without one), read without
+    opening a manager: no lock, no Orbax metadata, no collective — for a look before a run starts."""
+    import orbax.checkpoint as ocp
+
+    directory = _location(directory)
+    steps = ocp.utils.checkpoint_steps(directory) if epath.Path(directory).is_dir() else []
+    return _read_meta(directory, max(steps)) if steps else None
+
+
 class Checkpointer:
     """Keep the last ``keep`` checkpoints of a run in ``directory`` (created if needed).
 
@@ -526,17 +550,7 @@ class Checkpointer:
     # -- restore
     def read_meta(self, step: Optional[int] = None) -> dict:
         """The JSON description of a checkpoint (latest by default), after the version check."""
-        step = self._pick(step)
-        path = self.step_dir(step) / META_ITEM / "metadata"
-        try:
-            meta = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} has no {META_ITEM}/metadata "
-                                         f"file: not a growmem checkpoint, or it is incomplete") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CorruptCheckpointError(f"{path} is truncated or corrupt: {e}") from None
-        check_version(meta, where=str(path))
-        return meta
+        return _read_meta(self.directory, self._pick(step))
 
     def _pick(self, step):
         steps = self.all_steps()
