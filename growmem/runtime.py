@@ -135,7 +135,9 @@ def allgather_json(value) -> list:
 
     client = distributed.global_state.client
     _EXCHANGES[0] += 1
-    key = f"growmem/allgather/{_EXCHANGES[0]}"
-    client.key_value_set(f"{key}/{jax.process_index()}", json.dumps(value))
-    return [json.loads(client.blocking_key_value_get(f"{key}/{i}", ALLGATHER_TIMEOUT_MS))
+    n, me = _EXCHANGES[0], jax.process_index()
+    if n > 2:   # every process has read exchange n - 2 (it set its value of n - 1 after): the store stays small
+        client.key_value_delete(f"growmem/allgather/{n - 2}/{me}")
+    client.key_value_set(f"growmem/allgather/{n}/{me}", json.dumps(value))
+    return [json.loads(client.blocking_key_value_get(f"growmem/allgather/{n}/{i}", ALLGATHER_TIMEOUT_MS))
             for i in range(jax.process_count())]
