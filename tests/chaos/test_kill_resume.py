@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forked import ForkServer
+import forked
 from growmem.locks import written_by
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chaos")]   # one reference run, one worker
@@ -84,11 +84,10 @@ def _cmd(ck, out, resume, prologue=""):
 
 
 @pytest.fixture(scope="session")
-def forks(tmp_path_factory):
-    """The warm interpreter the killed runs are forked from (one per worker)."""
-    server = ForkServer(ENV, tmp_path_factory.mktemp("forked"))
-    yield server
-    server.close()
+def forks():
+    """The warm interpreter the killed runs are forked from: the worker's one for this environment (the
+    hardening tests' CLI runs share it), ended when the worker exits."""
+    return forked.shared(ENV)
 
 
 def _chunks(ck: Path) -> dict:
