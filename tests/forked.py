@@ -43,6 +43,22 @@ if xla_bridge._backends or threading.active_count() != 1:   # a fork would copy 
     sys.exit(1)
 
 
+def own_cache(path):
+    """This process writes its compiled programs to the persistent cache in ``path``, whatever its
+    ``jax.distributed`` index: JAX writes from process 0 only (``compiler._cache_write``), so a second process
+    would compile its programs again at every start (its keys name its own devices, never process 0's)."""
+    import jax
+    from jax._src import compilation_cache, compiler
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    def write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+        # as compiler._cache_write: no program with host callbacks, none compiled faster than the minimum
+        if not host_callbacks and compile_time_secs >= jax.config.jax_persistent_cache_min_compile_time_secs:
+            compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                      int(compile_time_secs))
+    compiler._cache_write = write
+
+
 def child(req):
     import atexit, traceback
     rc = 1
@@ -59,6 +75,8 @@ def child(req):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.argv = ["growmem", *req["argv"]]
+        if req.get("cache"):
+            own_cache(req["cache"])
         from growmem.cli import main
         try:
             rc = main(req["argv"])
@@ -151,12 +169,15 @@ class ForkServer:
                 self.exits[int(pid)] = int(rest[0])
             timeout = 0.0
 
-    def launch(self, argv, cwd=None) -> "Forked":
-        """Start ``growmem ARGV`` in a forked process (its stdout and stderr to files under ``workdir``)."""
+    def launch(self, argv, cwd=None, cache=None) -> "Forked":
+        """Start ``growmem ARGV`` in a forked process (its stdout and stderr to files under ``workdir``).
+        ``cache``: a folder of its own for the persistent compilation cache, written whatever the process's
+        ``jax.distributed`` index (give each process of a distributed run its own: JAX's cache writes are not
+        safe between processes)."""
         self._count += 1
         out, err = (self.workdir / f"{self._count}.{s}" for s in ("out", "err"))
         req = {"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()), "stdout": str(out),
-               "stderr": str(err)}
+               "stderr": str(err), "cache": None if cache is None else str(cache)}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         n = len(self._pids)

@@ -25,8 +25,14 @@ def test_a_forked_command_exits_prints_and_computes_as_the_command_does(tmp_path
         fresh = subprocess.run([sys.executable, "-m", "growmem.cli", *RUN, "--out", str(tmp_path / "b")], env=ENV,
                                capture_output=True, text=True, timeout=300)
         assert fresh.returncode == 0, fresh.stderr
-        a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in "ab")
-        assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"])
+        # a cache of its own: the programs it compiles are written there (and change nothing it computes)
+        own = server.launch([*RUN, "--out", str(tmp_path / "d")], cache=tmp_path / "xla")
+        _, err = own.communicate(timeout=300)
+        assert own.returncode == 0, err
+        assert any(f.name.endswith("-cache") for f in (tmp_path / "xla").iterdir())
+        a, b, d = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in "abd")
+        assert (a["final_test_loss"], a["rows"]) == (b["final_test_loss"], b["rows"]) == (d["final_test_loss"],
+                                                                                           d["rows"])
 
         long = server.launch(["train", "--steps", "100000", "--out", str(tmp_path / "c")])
         assert long.poll() is None

@@ -227,17 +227,19 @@ def test_a_spilling_run_killed_at_random_points_resumes_to_the_uninterrupted_res
 RUN2 = ["--steps", "120", "--batch-size", "32", "--test-size", "64", "--eval-every", "120", "--blocks", "1",
         "--ram-budget", "1MB", "--checkpoint-every", "3", "--keep", "2"]
 #: kills of both processes of the 2-process run (a restart starts two interpreters and the coordinator; each
-#: loads its compiled programs from the persistent cache: the cold reads name no Python callback)
+#: loads its compiled programs from its own persistent cache: the cold reads name no Python callback)
 KILLS2 = 20
 
 
-def _launch2(forks, ck: Path, out: Path, resume: bool):
+def _launch2(forks, ck: Path, out: Path, resume: bool, xla: Path):
+    """Both processes of the run; each with a compilation cache of its own in ``xla`` (JAX writes its cache from
+    process 0 only: process 1 would compile its programs again at every restart, ~6 s of each)."""
     from conftest import coordinator_port
 
     port = coordinator_port()
     return [forks.launch(["train", *RUN2, "--checkpoint-dir", str(ck), "--out", str(out), "--coordinator",
                           f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)]
-                         + (["--resume"] if resume else [])) for i in range(2)]
+                         + (["--resume"] if resume else []), cache=xla / f"process-{i}") for i in range(2)]
 
 
 @pytest.mark.xdist_group("chaos_two_processes")   # its own reference: may run beside the 1-process group
@@ -247,12 +249,13 @@ def test_a_two_process_spilling_run_killed_at_random_points_resumes_to_the_unint
     chunks are those of an uninterrupted 2-process run, and nothing half-written remains."""
     seed = _seed()
     ref, oref = tmp_path / "ref", tmp_path / "oref"
-    procs = _launch2(forks, ref, oref, False)
+    procs = _launch2(forks, ref, oref, False, tmp_path / "xla")
     _, times, err = _watch(procs, ref)
     assert [p.returncode for p in procs] == [0, 0] and len(times) > 2, (times, err[-3000:])
     ck, out = tmp_path / "ck", tmp_path / "o"
-    kills = _kill_and_resume(lambda resume: _launch2(forks, ck, out, resume), ck, times, seed, KILLS2)
-    final = _launch2(forks, ck, out, True)
+    kills = _kill_and_resume(lambda resume: _launch2(forks, ck, out, resume, tmp_path / "xla"), ck, times, seed,
+                            KILLS2)
+    final = _launch2(forks, ck, out, True, tmp_path / "xla")
     killed, _, err = _watch(final, ck)
     assert [p.returncode for p in final] == [0, 0], (seed, kills, err[-3000:])
     print(f"{len(kills)} kills of both processes (checkpoint step before each, share of the wait): {kills}")
