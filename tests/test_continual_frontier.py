@@ -338,9 +338,10 @@ def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_ca
     e = json.loads((tmp_path / "continual_frontier_tune.json").read_text())["streams"]["split_mnist"]["500000"][
         "replay_bytes"]
     assert [r["settings"]["epochs"] for r in e["results"]] == [1, 3, 10] and e["protocol"] == "offline"
-    # below 0.3 MB the grid goes on to 30 and 100 epochs (10, then 30 won at 0.1 MB)
-    assert [p["epochs"] for p in _frontier().OFFLINE_TUNE_GRID["replay_bytes"](100_000, "split_mnist")] == \
-        [1, 3, 10, 30, 100]
+    # below 0.3 MB the grid goes on to 30 and 100 epochs (10, then 30 won at 0.1 MB), from 3 MB to 30
+    grid = _frontier().OFFLINE_TUNE_GRID["replay_bytes"]
+    assert [[p["epochs"] for p in grid(b, "split_mnist")] for b in (100_000, 1_000_000, 3_000_000)] == \
+        [[1, 3, 10, 30, 100], [1, 3, 10], [1, 3, 10, 30]]
     best = max(e["results"], key=lambda r: r["accuracy"])
     assert e["chosen"] == best["settings"]
     want_edge = [] if best["settings"]["epochs"] == 3 else ["epochs"]
