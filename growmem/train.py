@@ -712,8 +712,9 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
             if on_nonfinite == "stop":
                 lf = "none yet" if last_finite[0] is None else f"{last_finite[0][1]:.6g} at step {last_finite[0][0]}"
                 raise NonFiniteLossError(
-                    f"the training loss became {l} at step {s} (last finite loss: {lf}); nothing was saved after "
-                    f"it — check the data and the hyper-parameters (a NaN input, a too large η or β)")
+                    f"the training loss became {l} at step {s} (last finite loss: {lf}); nothing was saved "
+                    f"after it — check the data and the hyper-parameters (a NaN input, a too large learning rate, "
+                    f"η or β)")
 
     bar = None
     if progress:

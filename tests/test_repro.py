@@ -556,3 +556,56 @@ def test_the_committed_repro_table_is_what_the_renderer_makes_of_the_committed_j
     assert (committed / "README_TABLE.md").read_text() == table.table_text(committed)
     jsons = sorted(p.stem for p in committed.glob("*.json"))
     assert jsons and all(f"| {n} |" in (committed / "README_TABLE.md").read_text() for n in jsons)
+
+
+# ---- the parametric runs go through growmem.train.fit ---------------------------------------------
+
+def _images(n=96, d=12, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x, xt = rng.normal(size=(n, d)).astype(np.float32), rng.normal(size=(48, d)).astype(np.float32)
+    y, yt = rng.integers(0, classes, n), rng.integers(0, classes, 48)
+    return core.Images("toy", x, y, xt, yt, x, xt, classes, "none")
+
+
+def test_a_parametric_run_is_the_hand_written_loop_of_its_steps(tmp_path):
+    """run_parametric (fit driving the model) against a loop written here: the same batches (growmem.train.Batches
+    reshuffled every epoch), make_step's update with step t's key fold_in(key, t), the mean loss of every epoch."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import linen as nn
+
+    from growmem.repro import runs
+    from growmem.train import Batches
+
+    data, model, tx = _images(), nn.Dense(3), optax.adam(0.05)
+    ctx = core.Context("t", "smoke", tmp_path, progress=False)
+    got = runs.run_parametric(ctx, model, tx, data, batch=16, epochs=2, seed=3, curve_points=4, curve_test=48)
+    key = jax.random.key(3)
+    params = model.init(key, jnp.asarray(data.x[:16]))["params"]
+    opt, step = tx.init(params), runs.make_step(model, tx)
+    batches, losses = Batches(data.x, data.y, 16, rng=jax.random.key(3), shuffle=True), []
+    for t in range(1, 13):
+        xb, yb = batches(t)
+        params, opt, loss = step(params, opt, jnp.asarray(xb), jnp.asarray(yb), jax.random.fold_in(key, t))
+        losses.append(float(loss))
+    acc = float(np.mean(np.asarray(model.apply({"params": params}, data.xt)).argmax(-1) == data.yt))
+    assert got["steps"] == 12 and got["accuracy"] == acc
+    assert np.allclose(got["epoch_train_loss"], [np.mean(losses[:6]), np.mean(losses[6:])], rtol=0, atol=1e-6)
+    assert [c[0] for c in got["curve"]] == [3 * 16, 6 * 16, 9 * 16, 12 * 16]
+    # only the epochs asked for are evaluated
+    two = runs.run_parametric(ctx, model, tx, data, batch=16, epochs=2, seed=3, eval_epochs=[2], curve_test=48)
+    assert [c[0] for c in two["curve"]] == [12 * 16] and two["accuracy"] == acc
+
+
+def test_a_parametric_run_whose_loss_diverges_names_the_step(tmp_path):
+    import optax
+    from flax import linen as nn
+
+    from growmem.repro import runs
+
+    data = _images()
+    data.x[40:] = np.nan                      # more than half the samples hold NaN inputs
+    ctx = core.Context("t", "smoke", tmp_path, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"the training loss became nan at step \d+ \(last finite loss: "):
+        runs.run_parametric(ctx, nn.Dense(3), optax.sgd(0.1), data, batch=16, epochs=1, seed=0)

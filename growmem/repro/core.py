@@ -355,40 +355,6 @@ class Context:
         self._partial.unlink(missing_ok=True)
 
 
-class LossWatch:
-    """Device losses of a parametric loop, read in one sync every ``every`` steps: a NaN/inf
-    stops the run with :class:`growmem.train.NonFiniteLossError` naming the step and the last
-    finite loss (as :func:`growmem.train.fit` does for growing models)."""
-
-    def __init__(self, every: int = 256):
-        self.every = every
-        self.pending: List[Tuple[int, Any]] = []
-        self.last_finite: Optional[Tuple[int, float]] = None
-        self.history: List[Tuple[int, float]] = []
-
-    def add(self, step: int, loss) -> None:
-        self.pending.append((step, loss))
-        if len(self.pending) >= self.every:
-            self.check()
-
-    def check(self) -> None:
-        if not self.pending:
-            return
-        import jax
-        vals = np.asarray(jax.device_get([l for _, l in self.pending]), np.float64).reshape(-1)
-        steps = [s for s, _ in self.pending]
-        self.pending.clear()
-        for s, l in zip(steps, vals):
-            if not math.isfinite(l):
-                from ..train import NonFiniteLossError
-                lf = ("none yet" if self.last_finite is None
-                      else f"{self.last_finite[1]:.6g} at step {self.last_finite[0]}")
-                raise NonFiniteLossError(f"the training loss became {l} at step {s} (last finite loss: {lf}) — "
-                                         f"lower the learning rate (or check the data)")
-            self.last_finite = (s, float(l))
-            self.history.append((s, float(l)))
-
-
 def sweep(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict], dict], *,
           score: str = "accuracy", steps: int = 0, higher: bool = True, extend: Optional[dict] = None,
           reasons: Optional[Dict[str, str]] = None) -> dict:

@@ -8,9 +8,10 @@
   get each Dense layer's inputs through :func:`growmem.optim.dense_inputs`);
 * :func:`mlp_optimizer` — the optimizers of Tables 9, 10, 12 by name.
 
-Both loops report the same things: the test-accuracy curve against samples seen, the mean
-training loss of every epoch, the final test accuracy (and the training accuracy of every epoch
-when asked: Fig. 4), and the wall time.
+Both run in :func:`growmem.train.fit` (a parametric model through :class:`_Parametric`, its ``step``)
+and report the same things: the test-accuracy curve against samples seen, the mean training loss of
+every epoch, the final test accuracy (and the training accuracy of every epoch when asked: Fig. 4),
+and the wall time.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import optax
 
 from .. import optim
 from ..train import Trainer, cross_entropy, fit
-from .core import Context, Images, LossWatch, accuracy, batches_for
+from .core import Context, Images, accuracy, batches_for
 
 
 def preset_trainer(cfg: dict, data: Images, name: str):
@@ -148,47 +149,60 @@ def run_parametric(ctx: Context, model, tx, data: Images, *, batch: int, epochs:
     (1-based; default every epoch when ``train_accuracy``). ``augment``: App. F.1.1 CIFAR epochs.
     ``final(params, opt_state) -> dict``: extra entries of the result from the trained state."""
     key = jax.random.key(seed)
-    params = model.init(key, jnp.asarray(data.x[:batch]))["params"]
-    opt_state = tx.init(params)
-    step_fn = make_step(model, tx, dropout=dropout)
-    predict = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    run = _Parametric(model, tx, jnp.asarray(data.x[:batch]), key, dropout=dropout)
     batches = batches_for(data, batch, seed=seed, augment=augment)
     per_epoch = batches.per_epoch
     steps = epochs * per_epoch
     every = per_epoch if train_accuracy else _curve_every(steps, curve_points)
-    watch = LossWatch()
-    curve, train_curve, losses = [], [], []
+    losses = []
     xt, yt = data.xt[:curve_test], data.yt[:curve_test]
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        xb, yb = batches(step)
-        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(xb), jnp.asarray(yb),
-                                          jax.random.fold_in(key, step))
-        watch.add(step, loss)
-        losses.append(loss)
+
+    def on_step(step, metrics):
+        losses.append(metrics["loss"])
         ctx.update(1)
-        epoch_end = step % per_epoch == 0
-        due = (step % every == 0 or step == steps)
-        if eval_epochs is not None:
-            due = epoch_end and (step // per_epoch) in eval_epochs
-        if due:
-            watch.check()
-            p = lambda x: predict(params, jnp.asarray(x))
-            acc = accuracy(p, xt, yt)
-            curve.append([step * batch, acc])
-            if train_accuracy:
-                train_curve.append([step // per_epoch, accuracy(p, data.x[:train_eval], data.y[:train_eval])])
-            ctx.status(f"{label} {step}/{steps} acc {acc:.3f}")
-    watch.check()
+
+    def evaluate(step):
+        if eval_epochs is not None and not (step % per_epoch == 0 and step // per_epoch in eval_epochs):
+            return {}
+        ev = {"test_accuracy": accuracy(run.predict, xt, yt)}
+        if train_accuracy:
+            ev["train_accuracy"] = accuracy(run.predict, data.x[:train_eval], data.y[:train_eval])
+        ctx.status(f"{label} {step}/{steps} acc {ev['test_accuracy']:.3f}")
+        return ev
+
+    t0 = time.perf_counter()
+    out = fit(run, batches, steps=steps, on_step=on_step, evaluate=evaluate,
+              eval_every=per_epoch if eval_epochs is not None else every)
     seconds = time.perf_counter() - t0
+    evals = [e for e in out["evals"] if "test_accuracy" in e]
     loss = np.asarray(jax.device_get(losses), np.float64)
-    final_fn = final
-    final = accuracy(lambda x: predict(params, jnp.asarray(x)), data.xt, data.yt)
-    n_params = count_params(params)
-    extra = final_fn(params, opt_state) if final_fn is not None else {}
-    return {**extra, "accuracy": final, "params": n_params, "seconds": seconds, "steps": steps, "samples": steps * batch,
-            "curve": curve, "train_curve": train_curve if train_accuracy else None,
+    extra = final(run.params, run.opt_state) if final is not None else {}
+    return {**extra, "accuracy": accuracy(run.predict, data.xt, data.yt), "params": count_params(run.params),
+            "seconds": seconds, "steps": steps, "samples": steps * batch, "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
+            "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in evals]
+                            if train_accuracy else None),
             "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+
+
+class _Parametric:
+    """A parametric model and its optimizer as :func:`growmem.train.fit` drives a trainer: ``step(x, y)``
+    is one update (:func:`make_step`; step ``t``'s dropout key is ``fold_in(key, t)``), ``predict(x)``."""
+
+    def __init__(self, model, tx, sample, key, *, dropout: bool):
+        self.params = model.init(key, sample)["params"]
+        self.opt_state = tx.init(self.params)
+        self.key, self.t = key, 0
+        self._step = make_step(model, tx, dropout=dropout)
+        self._predict = jax.jit(lambda p, x: model.apply({"params": p}, x))
+
+    def step(self, x, y) -> dict:
+        self.t += 1
+        self.params, self.opt_state, loss = self._step(self.params, self.opt_state, jnp.asarray(x), jnp.asarray(y),
+                                                       jax.random.fold_in(self.key, self.t))
+        return {"loss": loss}
+
+    def predict(self, x):
+        return self._predict(self.params, jnp.asarray(x))
 
 
 def count_params(params) -> int:
