@@ -679,11 +679,13 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
         checkpoint: Optional[Callable[[int], Any]] = None, every: int = 0,
         on_step: Optional[Callable[[int, dict], None]] = None, evaluate: Optional[Callable[[int], dict]] = None,
         eval_every: int = 0, progress: bool = False, desc: str = "train", stop: Optional[Callable[[], bool]] = None,
-        on_nonfinite: str = "stop") -> dict:
-    """The training loop used by the CLI, the benchmarks and the experiments.
+        on_nonfinite: str = "stop", before_step: Optional[Callable[[int, tuple], None]] = None) -> dict:
+    """The training loop used by the CLI, the benchmarks, the experiments and the continual runs.
 
-    Runs steps ``start+1 .. steps``: ``batches(step) -> (x, y)``; ``on_step(step, metrics)``
-    after each (``metrics["loss"]`` is a device scalar: reading it syncs); every ``eval_every``
+    Runs steps ``start+1 .. steps``: ``batches(step) -> (x, y)`` (or any tuple: the step is
+    ``trainer.step(*batch)``, e.g. a continual learner's ``(x, y, t)``); ``before_step(step, batch)``
+    before each (e.g. a prequential prediction); ``on_step(step, metrics)`` after each
+    (``metrics["loss"]``, where there is one, is a device scalar: reading it syncs); every ``eval_every``
     steps (and at the end) ``evaluate(step) -> dict`` (a NaN/inf metric stops the run: it cannot
     recover); every ``every`` steps (and at the end) ``checkpoint(step)`` (e.g.
     ``lambda step: ckpt.save(trainer, step, data_position={"step": step})``). ``stop()`` is
@@ -727,9 +729,12 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
     step, stopped = start, None
     try:
         for step in range(start + 1, steps + 1):
-            x, y = batches(step)
-            metrics = trainer.step(x, y)
-            pending.append((step, metrics["loss"]))
+            batch = batches(step)
+            if before_step is not None:
+                before_step(step, batch)
+            metrics = trainer.step(*batch)
+            if metrics.get("loss") is not None:
+                pending.append((step, metrics["loss"]))
             if on_step is not None:
                 on_step(step, metrics)
             last = step == steps

@@ -153,6 +153,48 @@ def test_fast_loop_and_template_give_the_same_metrics(stream_kind):
     assert len(a["accuracy_matrix"]) == a["n_experiences"]
 
 
+@pytest.mark.parametrize("stop_at", [(0, 3), (0, 10), (1, 10)])   # 10 batches an epoch: (0, 10) ends epoch 0
+def test_the_fast_loop_stopped_at_a_batch_and_resumed_there_ends_as_the_uninterrupted_loop(stop_at):
+    """FastLoop.train stopped after batch (epoch, batch) and resumed from that position with the running bytes
+    record and prequential accuracy saved there (as the runner's checkpoints do): the same prequential
+    accuracy, bytes record and learner as one uninterrupted call; an epoch's last batch included."""
+    from growmem.continual.fast import FastLoop
+    from growmem.continual.metrics import accuracy_state
+
+    bm, _, test = _class_benchmark(n=80)
+    exp = bm.train_stream[0]
+
+    def loop(learner):
+        return FastLoop(learner, train_mb_size=8, train_epochs=2, seed=1, train_outputs=True, memory_every=4)
+
+    ref_learner = GrowmemLearner(num_classes=4, seed=0)
+    ref = loop(ref_learner)
+    ref_out = ref.train(exp)
+
+    class Stop(Exception):
+        pass
+
+    learner, saved = GrowmemLearner(num_classes=4, seed=0), {}
+    first = loop(learner)
+
+    def hook(pos):
+        if (pos["epoch"], pos["batch"]) == stop_at:
+            saved.update(bytes=dict(first.bytes.current), acc=accuracy_state(first.epoch_acc))
+            raise Stop
+
+    with pytest.raises(Stop):
+        first.train(exp, hook=hook)
+    second = loop(learner)
+    seen = []
+    out = second.train(exp, resume={"epoch": stop_at[0], "batch": stop_at[1]}, bytes_resume=saved["bytes"],
+                       acc_resume=saved["acc"], hook=lambda p: seen.append((p["epoch"], p["batch"])))
+    assert out == ref_out and second.last_bytes == ref.last_bytes
+    assert seen[0] == ((stop_at[0], stop_at[1] + 1) if stop_at[1] < 10 else (stop_at[0] + 1, 1)) if seen else \
+        stop_at == (1, 10)
+    x = test[0][0].numpy()
+    assert np.array_equal(learner.predict(x), ref_learner.predict(x))
+
+
 # ----------------------------------------------------------------------------- bytes
 
 def _expected_rows_bytes(rows, d_in, d_out):

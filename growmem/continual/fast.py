@@ -29,6 +29,7 @@ from avalanche.benchmarks.utils.data_loader import collate_from_data_or_kwargs  
 from avalanche.evaluation.metrics import Accuracy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from ..train import fit  # noqa: E402
 from .learner import GrowmemLearner  # noqa: E402
 from .metrics import EXP_ACC, STREAM_ACC, TRAIN_EPOCH_ACC, BytesRecorder, set_accuracy_state  # noqa: E402
 from .strategy import batch_order  # noqa: E402
@@ -78,32 +79,60 @@ class FastLoop:
         unit = int(experience.current_experience)
         x, y, t = materialize(experience.dataset.train())
         n, b = len(y), self.train_mb_size
-        start_epoch, start_batch = (int(resume["epoch"]), int(resume["batch"])) if resume else (0, 0)
+        nb = -(-n // b)                                       # batches per epoch; step s is batch (s-1) % nb
+        start = int(resume["epoch"]) * nb + int(resume["batch"]) if resume else 0
         self.bytes.start(unit, self.learner.memory_bytes(), resume=bytes_resume)
-        it, out = 0, {}
-        for epoch in range(start_epoch, self.train_epochs):
-            order = batch_order(n, self.seed, unit, epoch, shuffle)
-            acc = self.epoch_acc = Accuracy()
-            first = start_batch if epoch == start_epoch else 0
-            if epoch == start_epoch and resume:
-                set_accuracy_state(acc, acc_resume)
-            for i, lo in enumerate(range(first * b, n, b)):
-                idx = order[lo:lo + b]
-                if self.train_outputs:
-                    logits = self.learner.predict(x[idx], t[idx], batch_size=self.eval_mb_size)
-                    acc.update(torch.from_numpy(logits), torch.from_numpy(y[idx]))
-                self.learner.step(x[idx], y[idx], t[idx])
-                it += 1
-                if (self.memory_every and it % self.memory_every == 0) or (not self.memory_every and it == 1):
-                    self.bytes.add(self.learner.memory_bytes())
-                pos = {"unit": unit, "epoch": epoch, "batch": first + i + 1}
-                if hook is not None:
-                    hook(pos)
-                if on_batch is not None:
-                    on_batch(pos)
+        out, order = {}, {}
+
+        def epoch_end(epoch):
             self.bytes.add(self.learner.memory_bytes())
             if self.train_outputs:
-                out[f"{TRAIN_EPOCH_ACC}/Task{int(t[0]) if len(t) else 0:03d}"] = acc.result()
+                out[f"{TRAIN_EPOCH_ACC}/Task{int(t[0]) if len(t) else 0:03d}"] = self.epoch_acc.result()
+
+        def new_epoch(epoch, restore):
+            order.clear()
+            order[epoch] = batch_order(n, self.seed, unit, epoch, shuffle)
+            self.epoch_acc = Accuracy()
+            if restore:
+                set_accuracy_state(self.epoch_acc, acc_resume)
+
+        def batch(step):
+            epoch, i = divmod(step - 1, nb)
+            if epoch not in order:
+                new_epoch(epoch, restore=bool(resume) and step == start + 1 and i > 0)
+            idx = order[epoch][i * b:(i + 1) * b]
+            return x[idx], y[idx], t[idx]
+
+        def before_step(step, batch):       # prequential: the batch predicted before the learner sees it
+            if self.train_outputs:
+                logits = self.learner.predict(batch[0], batch[2], batch_size=self.eval_mb_size)
+                self.epoch_acc.update(torch.from_numpy(logits), torch.from_numpy(batch[1]))
+
+        def on_step(step, metrics):
+            it = step - start
+            if (self.memory_every and it % self.memory_every == 0) or (not self.memory_every and it == 1):
+                self.bytes.add(self.learner.memory_bytes())
+            epoch, i = divmod(step - 1, nb)
+            pos = {"unit": unit, "epoch": epoch, "batch": i + 1}
+            if hook is not None:
+                hook(pos)
+            if on_batch is not None:
+                on_batch(pos)
+            if i == nb - 1:
+                epoch_end(epoch)
+
+        if nb == 0:                          # an empty experience: each epoch ends at once
+            for epoch in range(self.train_epochs):
+                new_epoch(epoch, restore=False)
+                epoch_end(epoch)
+        elif resume and start % nb == 0 and int(resume["batch"]) > 0:
+            # stopped after an epoch's last batch, before its end was recorded: record it now
+            new_epoch(start // nb - 1, restore=True)
+            epoch_end(start // nb - 1)
+        # the learner's step returns its task models' outputs, no "loss" (a target memory's first is NaN by
+        # design): fit watches none
+        fit(self.learner, batch, steps=self.train_epochs * nb, start=start, before_step=before_step, on_step=on_step,
+            on_nonfinite="skip")
         self.last_bytes = self.bytes.finish(self.learner.memory_bytes())
         return out
 
