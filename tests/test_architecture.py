@@ -208,3 +208,38 @@ def test_every_module_over_600_lines_gives_its_reason_in_the_architecture_page()
             if "presets" not in p.relative_to(ROOT).parts and len(p.read_text().splitlines()) > 600}
     assert long - listed == set(), f"modules over 600 lines without a reason in docs/architecture.md: {long - listed}"
     assert listed - long == set(), f"docs/architecture.md lists modules no longer over 600 lines: {listed - long}"
+
+
+def _stepping_loops():
+    """``{"module.function"}`` (module without ``growmem.``) of every ``for``/``while`` loop in the package whose
+    body calls a ``.step``, ``.observe`` or ``.train`` attribute or a function named ``*step*`` (a jitted
+    ``step_fn``)."""
+    found = set()
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text())
+        parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.For, ast.While)):
+                continue
+            if not any(isinstance(n, ast.Call) and (
+                    (isinstance(n.func, ast.Attribute) and n.func.attr in ("step", "observe", "train"))
+                    or (isinstance(n.func, ast.Name) and "step" in n.func.id)) for n in ast.walk(node)):
+                continue
+            f = node
+            while f in parents and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                f = parents[f]
+            found.add(f"{name[len('growmem.'):]}.{getattr(f, 'name', '<module>')}")
+    return found
+
+
+def test_every_loop_that_steps_a_learner_is_fit_or_named_in_the_architecture_page():
+    """issue 28's "one loop": the loops that call a learner's ``step`` / ``observe`` / ``train`` are train.fit
+    and the few docs/architecture.md lists with what they loop over (layers of a step, tasks of a batch,
+    experiences of a stream); a new training loop fails here until it goes through fit or is justified."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    section = page.split("## Loops that step a learner", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| `([\w.]+)` \| \S", section, re.M))
+    found = _stepping_loops()
+    assert "train.fit" in found and listed, (found, listed)         # the scan and the table are not vacuous
+    assert found - listed == set(), f"loops stepping a learner outside train.fit, not in the page: {found - listed}"
+    assert listed - found == set(), f"the page lists loops that are gone: {listed - found}"
