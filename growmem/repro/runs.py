@@ -178,7 +178,8 @@ def run_parametric(ctx: Context, model, tx, data: Images, *, batch: int, epochs:
     loss = np.asarray(jax.device_get(losses), np.float64)
     extra = final(run.params, run.opt_state) if final is not None else {}
     return {**extra, "accuracy": accuracy(run.predict, data.xt, data.yt), "params": count_params(run.params),
-            "seconds": seconds, "steps": steps, "samples": steps * batch, "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
+            "seconds": seconds, "steps": steps, "samples": steps * batch,
+            "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
             "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in evals]
                             if train_accuracy else None),
             "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
