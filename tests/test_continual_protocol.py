@@ -165,6 +165,31 @@ def test_the_gdumb_model_is_its_authors_mlp():
     assert sum(1 for l in m.modules() if l.__class__.__name__ == "BatchNorm1d") == 3
 
 
+def test_gdumb_trains_on_its_buffer_read_once_with_the_same_results(monkeypatch):
+    """GDumb's buffer read into tensors once per experience (MaterializedTrainingData) trains on the same
+    batches as Avalanche reading it through its transforms every epoch: the same accuracy matrix, bit for bit,
+    on Split-MNIST (the Normalize transform) over 3 experiences; the plugin is installed only where the
+    stream's training transforms are fixed."""
+    from growmem.continual import baselines as B
+    from growmem.continual.runner import run_continual
+    from growmem.continual.streams import Stream, make_stream
+
+    kw = dict(methods=["gdumb_bytes"], seeds=[3], budget_bytes="0.2MB", epochs=3, progress=False, verbose=False,
+              stream_options=dict(n_experiences=5, train_limit=600, test_limit=200))
+    installed = []
+    make = B.make_baseline
+    monkeypatch.setattr(B, "make_baseline", lambda *a, **k: installed.append(make(*a, **k)) or installed[-1])
+    fast = run_continual("split_mnist", **kw)["runs"][0]
+    assert any(isinstance(p, B.MaterializedTrainingData) for p in installed[-1].plugins)
+    monkeypatch.setattr(Stream, "fixed_train_transforms", property(lambda self: False))
+    slow = run_continual("split_mnist", **kw)["runs"][0]
+    assert not any(isinstance(p, B.MaterializedTrainingData) for p in installed[-1].plugins)
+    assert fast["accuracy_matrix"] == slow["accuracy_matrix"] and len(fast["accuracy_matrix"]) == 5
+    assert fast["summary"]["acc_mean_over_experiences"] > 0.3          # it learned (10 classes: chance is 0.1)
+    monkeypatch.undo()
+    assert make_stream("split_mnist").fixed_train_transforms and make_stream("drifting_teacher").fixed_train_transforms
+
+
 # ----------------------------------------------------------------------------- tuning
 
 def _tune_module():

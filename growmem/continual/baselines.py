@@ -353,6 +353,26 @@ class TrainingRecipe(SupervisedPlugin):
             torch.nn.utils.clip_grad_norm_(strategy.model.parameters(), float(self.clip))
 
 
+class MaterializedTrainingData(SupervisedPlugin):
+    """Reads the adapted training dataset (GDumb's buffer) once per experience into tensors, its training
+    transforms applied, and trains on those: the same samples in the same order, so the same batches, without
+    going through Avalanche's dataset stack and the per-sample transforms at every epoch (GDumb's recipe
+    rereads its buffer 128 times an experience). Only for transforms that give a sample the same tensor at
+    every read (:attr:`growmem.continual.streams.Stream.fixed_train_transforms`)."""
+
+    #: not learning state: rebuilt on a resume
+    transient = True
+
+    def after_train_dataset_adaptation(self, strategy, **kwargs):
+        from avalanche.benchmarks.utils import _make_taskaware_tensor_classification_dataset
+
+        data = strategy.adapted_dataset
+        items = [data[i] for i in range(len(data))]
+        ys, ts = [int(it[1]) for it in items], [int(it[2]) for it in items]
+        strategy.adapted_dataset = _make_taskaware_tensor_classification_dataset(
+            torch.stack([it[0] for it in items]), torch.tensor(ys), targets=ys, task_labels=ts)
+
+
 def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[int] = None,
                   settings: Optional[dict] = None, plugins=None, device="cpu"):
     """Avalanche's strategy for baseline ``name`` on ``stream`` (model initialised from ``seed``), with
@@ -397,7 +417,10 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
         if "mem_size" not in s:
             raise ConfigError("gdumb_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
                               "holds beside the model")
-        return GDumb(mem_size=int(s["mem_size"]), **common)
+        gdumb = GDumb(mem_size=int(s["mem_size"]), **common)
+        if getattr(stream, "fixed_train_transforms", False):     # after GDumb's own plugin: it fills the buffer
+            gdumb.plugins.append(MaterializedTrainingData())
+        return gdumb
     if name == "cumulative":
         return Cumulative(**common)
     return JointTraining(**common)

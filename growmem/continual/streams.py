@@ -78,6 +78,12 @@ class Stream:
     def task_incremental(self) -> bool:
         return len(self.task_labels) > 1
 
+    @property
+    def fixed_train_transforms(self) -> bool:
+        """Whether a training sample reads as the same tensor every time: the MNIST family's transforms and the
+        drifting stream's tensors are fixed; CIFAR's training transforms augment, a user's benchmark is unknown."""
+        return self.name in MNIST_FAMILY or self.name == "drifting_teacher"
+
 
 class ArrayDataset(torch.utils.data.Dataset):
     """Images ``(n, *shape)`` float32 in [0, 1] with integer ``targets``; an item is ``(tensor,
