@@ -78,13 +78,13 @@ PRESETS = {
     "smoke": dict(stream_options={"split_mnist": dict(train_limit=1000), "permuted_mnist": dict(
         n_experiences=3, train_limit=500), "rotated_mnist": dict(n_experiences=3, train_limit=500),
         "drifting_teacher": dict(n_experiences=2, train_limit=200)}, grid_limit=2, epochs_cap=2),
-    # target:subspaces and net:replay_proj train for 20-40 min per run on a whole Permuted-MNIST stream: their
-    # grids run on the first 3 experiences (all their images); everything else on the whole stream
-    # Permuted- and Rotated-MNIST: their first 5 experiences (of 10) on 2 cores; the paper preset runs all 10
-    "cpu": dict(stream_options={"split_mnist": {}, "permuted_mnist": {"n_experiences": 5},
-                                "rotated_mnist": {"n_experiences": 5}, "drifting_teacher": {}},
-                grid_limit=None, epochs_cap=None,
-                method_options={"target:subspaces": {"n_experiences": 3}, "net:replay_proj": {"n_experiences": 3}}),
+    # the streams of benchmarks/continual.py's cpu preset: Permuted- and Rotated-MNIST as 10 experiences of the
+    # same 6,000 training images (60,000 samples in all: every method's grid runs on the whole stream)
+    "cpu": dict(stream_options={"split_mnist": {},
+                                "permuted_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000},
+                                "rotated_mnist": {"n_experiences": 10, "train_limit": 6000, "test_limit": 2000},
+                                "drifting_teacher": {}},
+                grid_limit=None, epochs_cap=None, method_options={}),
 }
 
 
