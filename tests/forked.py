@@ -77,6 +77,8 @@ def child(req):
         sys.argv = ["growmem", *req["argv"]]
         if req.get("cache"):
             own_cache(req["cache"])
+        if req.get("prologue"):          # e.g. a fault injected before the command runs
+            exec(compile(req["prologue"], "<prologue>", "exec"), {"__name__": "__prologue__"})
         from growmem.cli import main
         try:
             rc = main(req["argv"])
@@ -169,15 +171,16 @@ class ForkServer:
                 self.exits[int(pid)] = int(rest[0])
             timeout = 0.0
 
-    def launch(self, argv, cwd=None, cache=None) -> "Forked":
+    def launch(self, argv, cwd=None, cache=None, prologue=None) -> "Forked":
         """Start ``growmem ARGV`` in a forked process (its stdout and stderr to files under ``workdir``).
         ``cache``: a folder of its own for the persistent compilation cache, written whatever the process's
         ``jax.distributed`` index (give each process of a distributed run its own: JAX's cache writes are not
-        safe between processes)."""
+        safe between processes). ``prologue``: Python source the child runs first (a resource limit, a patched
+        function: a fault to inject)."""
         self._count += 1
         out, err = (self.workdir / f"{self._count}.{s}" for s in ("out", "err"))
         req = {"argv": [str(a) for a in argv], "cwd": str(cwd or os.getcwd()), "stdout": str(out),
-               "stderr": str(err), "cache": None if cache is None else str(cache)}
+               "stderr": str(err), "cache": None if cache is None else str(cache), "prologue": prologue}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         n = len(self._pids)

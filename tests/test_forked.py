@@ -18,6 +18,12 @@ def test_a_forked_command_exits_prints_and_computes_as_the_command_does(tmp_path
         bad = server.launch(["bogus"])
         out, err = bad.communicate(timeout=120)
         assert bad.returncode == 2 and "invalid choice: 'bogus'" in err and "Traceback" not in err, err
+        # a prologue runs in the child before the command (and in no other child)
+        pro = server.launch(["bogus"], prologue="import sys\nsys.stderr.write('prologue ran\\n')")
+        _, err = pro.communicate(timeout=120)
+        assert err.startswith("prologue ran\n") and "invalid choice" in err and pro.returncode == 2, err
+        again = server.launch(["bogus"])
+        assert "prologue ran" not in again.communicate(timeout=120)[1]
 
         ok = server.launch([*RUN, "--out", str(tmp_path / "a")])
         _, err = ok.communicate(timeout=300)

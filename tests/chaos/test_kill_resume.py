@@ -21,12 +21,10 @@ to the uninterrupted result.
 The killed runs are forked from one warm interpreter (``tests/forked.py``: the imports done once, nothing
 run before the fork), so a restart costs the run's own start — the checkpoint and cold tier read back, the
 coordinator joined, the programs loaded from the compilation cache — not the imports of jax, orbax and
-tensorstore; the faults' runs start as ``python -c`` processes (each sets its fault up before growmem)."""
+tensorstore; a fault's run is forked too, its fault set up by a prologue before the command runs."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,7 +37,6 @@ from growmem.locks import written_by
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chaos")]   # one reference run, one worker
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
 KILLS = 8
 RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-every", "144", "--blocks", "1",
        "--ram-budget", "1MB", "--checkpoint-every", "3", "--keep", "2"]
@@ -47,7 +44,7 @@ RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-ever
 TEMPORARY = ("tmp", ".part", ".growmem-export-", "write-probe")
 
 
-#: a ``python -c`` prologue per fault, run before growmem's CLI in the faulty process (``{ck}``: the checkpoint
+#: a prologue per fault, run before growmem's CLI in the faulty (forked) process (``{ck}``: the checkpoint
 #: folder; ``{after}``: a step past the last good checkpoint)
 FSIZE = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
          "resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))", "saving step")
@@ -76,11 +73,6 @@ FAULTS = {
 
 def _args(ck, out, resume):
     return ["train", *RUN, "--checkpoint-dir", str(ck), "--out", str(out)] + (["--resume"] if resume else [])
-
-
-def _cmd(ck, out, resume, prologue=""):
-    growmem = GROWMEM if not prologue else [sys.executable, "-c", prologue + "\n" + GROWMEM[2]]
-    return [*growmem, *_args(ck, out, resume)]
 
 
 @pytest.fixture(scope="session")
@@ -168,10 +160,11 @@ def test_a_fault_mid_run_fails_in_one_line_and_the_last_checkpoint_resumes(forks
     for prologue, says in FAULTS[fault]:
         before = _latest(ck)
         prologue = prologue.replace("{ck}", str(ck)).replace("{after}", str(before + 6))
-        r = subprocess.run(_cmd(ck, out, before > 0, prologue), env=ENV, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 1, (fault, says, r.stderr[-2000:])
-        last = r.stderr.strip().splitlines()[-1]
-        assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in r.stderr, r.stderr
+        r = forks.launch(_args(ck, out, before > 0), prologue=prologue)
+        _, err = r.communicate(timeout=600)
+        assert r.returncode == 1, (fault, says, err[-2000:])
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"growmem train: {says}") and str(ck) in last and "Traceback" not in err, err
         assert before < _latest(ck) < 144, (fault, says, before, _latest(ck))   # mid-run, after a new good checkpoint
     final = forks.launch(_args(ck, out, True))
     _, err = final.communicate(timeout=600)
