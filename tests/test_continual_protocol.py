@@ -168,7 +168,7 @@ def test_the_gdumb_model_is_its_authors_mlp():
 def test_gdumb_trains_on_its_buffer_read_once_with_the_same_results(monkeypatch):
     """GDumb's buffer read into tensors once per experience (MaterializedTrainingData) trains on the same
     batches as Avalanche reading it through its transforms every epoch: the same accuracy matrix, bit for bit,
-    on Split-MNIST (the Normalize transform) over 3 experiences; the plugin is installed only where the
+    on Split-MNIST (the Normalize transform) over its 5 experiences; the plugin is installed only where the
     stream's training transforms are fixed."""
     from growmem.continual import baselines as B
     from growmem.continual.runner import run_continual

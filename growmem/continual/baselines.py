@@ -367,6 +367,8 @@ class MaterializedTrainingData(SupervisedPlugin):
         from avalanche.benchmarks.utils import _make_taskaware_tensor_classification_dataset
 
         data = strategy.adapted_dataset
+        if len(data) == 0:
+            return
         items = [data[i] for i in range(len(data))]
         ys, ts = [int(it[1]) for it in items], [int(it[2]) for it in items]
         strategy.adapted_dataset = _make_taskaware_tensor_classification_dataset(
