@@ -37,7 +37,7 @@ from growmem.locks import written_by
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("chaos")]   # one reference run, one worker
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-KILLS = 8
+KILLS = 4
 RUN = ["--steps", "144", "--batch-size", "32", "--test-size", "64", "--eval-every", "144", "--blocks", "1",
        "--ram-budget", "1MB", "--checkpoint-every", "3", "--keep", "2"]
 #: names of what an interrupted write leaves behind (Orbax's temporary step folders, growmem's temporaries)
