@@ -44,19 +44,19 @@ def _curve_every(steps: int, points: int) -> int:
     return max(1, steps // max(points, 1))
 
 
-def run_growing(ctx: Context, trainer: Trainer, data: Images, *, batch: int, epochs: int = 1, seed: int = 0,
-                curve_points: int = 12, curve_test: int = 2000, train_accuracy: bool = False,
-                train_eval: int = 2000, label: str = "", after_step: Optional[Callable[[int], None]] = None,
-                augment: bool = False) -> Dict:
-    """Train ``trainer`` for ``epochs`` passes over ``data`` (batches of ``batch``, reshuffled
-    every epoch). ``curve_points`` test accuracies on the first ``curve_test`` test images along
-    the way; the final one on the whole test set. ``train_accuracy``: also the accuracy on the
-    first ``train_eval`` training images at the end of every epoch. ``augment``: CIFAR epochs
-    augmented as in App. F.1.1."""
+def _fit_report(ctx: Context, learner, data: Images, *, batch: int, epochs: int, seed: int, curve_points: int,
+                curve_test: int, train_accuracy: bool, train_eval: int, label: str, augment: bool,
+                eval_epochs=None, after_step: Optional[Callable[[int], None]] = None) -> Dict:
+    """Train ``learner`` (anything :func:`growmem.train.fit` steps: ``step(x, y)``, ``predict(x)``) for
+    ``epochs`` passes over ``data`` and report what every reproduction reports: the final test accuracy,
+    the test-accuracy curve against samples, the training accuracy of every epoch (``train_accuracy``),
+    the mean training loss of every epoch, the steps, samples and wall time. ``eval_epochs``: evaluate
+    only after these epochs (1-based). A non-finite evaluation raises
+    :class:`~growmem.train.NonFiniteLossError` (the state cannot recover)."""
     batches = batches_for(data, batch, seed=seed, augment=augment)
     per_epoch = batches.per_epoch
     steps = epochs * per_epoch
-    every = per_epoch if train_accuracy else _curve_every(steps, curve_points)
+    every = per_epoch if train_accuracy or eval_epochs is not None else _curve_every(steps, curve_points)
     losses = []
     xt, yt = data.xt[:curve_test], data.yt[:curve_test]
 
@@ -67,27 +67,43 @@ def run_growing(ctx: Context, trainer: Trainer, data: Images, *, batch: int, epo
             after_step(step)
 
     def evaluate(step):
-        ev = {"test_accuracy": accuracy(trainer.predict, xt, yt)}
+        if eval_epochs is not None and not (step % per_epoch == 0 and step // per_epoch in eval_epochs):
+            return {}
+        ev = {"test_accuracy": accuracy(learner.predict, xt, yt)}
         if train_accuracy:
-            ev["train_accuracy"] = accuracy(trainer.predict, data.x[:train_eval], data.y[:train_eval])
+            ev["train_accuracy"] = accuracy(learner.predict, data.x[:train_eval], data.y[:train_eval])
         ctx.status(f"{label} {step}/{steps} acc {ev['test_accuracy']:.3f}")
         return ev
 
     t0 = time.perf_counter()
-    out = fit(trainer, batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every)
+    out = fit(learner, batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every)
     seconds = time.perf_counter() - t0
-    if out["stopped"]:   # a non-finite evaluation (fit stops; the state cannot recover)
+    if out["stopped"]:
         from ..train import NonFiniteLossError
         raise NonFiniteLossError(f"{label}: {out['stopped']}")
+    evals = [e for e in out["evals"] if "test_accuracy" in e]
     loss = np.asarray(jax.device_get(losses), np.float64)
-    final = accuracy(trainer.predict, data.xt, data.yt)
-    rows = trainer.rows_in_use()
-    return {"accuracy": final, "rows": rows, "total_rows": int(sum(rows.values())), "seconds": seconds,
-            "steps": steps, "samples": steps * batch,
-            "curve": [[e["step"] * batch, e["test_accuracy"]] for e in out["evals"]],
-            "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in out["evals"]]
+    return {"accuracy": accuracy(learner.predict, data.xt, data.yt), "seconds": seconds, "steps": steps,
+            "samples": steps * batch, "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
+            "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in evals]
                             if train_accuracy else None),
             "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+
+
+def run_growing(ctx: Context, trainer: Trainer, data: Images, *, batch: int, epochs: int = 1, seed: int = 0,
+                curve_points: int = 12, curve_test: int = 2000, train_accuracy: bool = False,
+                train_eval: int = 2000, label: str = "", after_step: Optional[Callable[[int], None]] = None,
+                augment: bool = False) -> Dict:
+    """Train ``trainer`` for ``epochs`` passes over ``data`` (batches of ``batch``, reshuffled
+    every epoch). ``curve_points`` test accuracies on the first ``curve_test`` test images along
+    the way; the final one on the whole test set. ``train_accuracy``: also the accuracy on the
+    first ``train_eval`` training images at the end of every epoch. ``augment``: CIFAR epochs
+    augmented as in App. F.1.1. The result also has the rows in use per layer."""
+    out = _fit_report(ctx, trainer, data, batch=batch, epochs=epochs, seed=seed, curve_points=curve_points,
+                      curve_test=curve_test, train_accuracy=train_accuracy, train_eval=train_eval, label=label,
+                      augment=augment, after_step=after_step)
+    rows = trainer.rows_in_use()
+    return {**out, "rows": rows, "total_rows": int(sum(rows.values()))}
 
 
 # ------------------------------------------------------------------------------------------ parametric
@@ -148,41 +164,12 @@ def run_parametric(ctx: Context, model, tx, data: Images, *, batch: int, epochs:
     naming the step and the last finite loss. ``eval_epochs``: evaluate only after these epochs
     (1-based; default every epoch when ``train_accuracy``). ``augment``: App. F.1.1 CIFAR epochs.
     ``final(params, opt_state) -> dict``: extra entries of the result from the trained state."""
-    key = jax.random.key(seed)
-    run = _Parametric(model, tx, jnp.asarray(data.x[:batch]), key, dropout=dropout)
-    batches = batches_for(data, batch, seed=seed, augment=augment)
-    per_epoch = batches.per_epoch
-    steps = epochs * per_epoch
-    every = per_epoch if train_accuracy else _curve_every(steps, curve_points)
-    losses = []
-    xt, yt = data.xt[:curve_test], data.yt[:curve_test]
-
-    def on_step(step, metrics):
-        losses.append(metrics["loss"])
-        ctx.update(1)
-
-    def evaluate(step):
-        if eval_epochs is not None and not (step % per_epoch == 0 and step // per_epoch in eval_epochs):
-            return {}
-        ev = {"test_accuracy": accuracy(run.predict, xt, yt)}
-        if train_accuracy:
-            ev["train_accuracy"] = accuracy(run.predict, data.x[:train_eval], data.y[:train_eval])
-        ctx.status(f"{label} {step}/{steps} acc {ev['test_accuracy']:.3f}")
-        return ev
-
-    t0 = time.perf_counter()
-    out = fit(run, batches, steps=steps, on_step=on_step, evaluate=evaluate,
-              eval_every=per_epoch if eval_epochs is not None else every)
-    seconds = time.perf_counter() - t0
-    evals = [e for e in out["evals"] if "test_accuracy" in e]
-    loss = np.asarray(jax.device_get(losses), np.float64)
+    run = _Parametric(model, tx, jnp.asarray(data.x[:batch]), jax.random.key(seed), dropout=dropout)
+    out = _fit_report(ctx, run, data, batch=batch, epochs=epochs, seed=seed, curve_points=curve_points,
+                      curve_test=curve_test, train_accuracy=train_accuracy, train_eval=train_eval, label=label,
+                      augment=augment, eval_epochs=eval_epochs)
     extra = final(run.params, run.opt_state) if final is not None else {}
-    return {**extra, "accuracy": accuracy(run.predict, data.xt, data.yt), "params": count_params(run.params),
-            "seconds": seconds, "steps": steps, "samples": steps * batch,
-            "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
-            "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in evals]
-                            if train_accuracy else None),
-            "epoch_train_loss": [float(loss[i * per_epoch:(i + 1) * per_epoch].mean()) for i in range(epochs)]}
+    return {**extra, **out, "params": count_params(run.params)}
 
 
 class _Parametric:
