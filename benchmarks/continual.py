@@ -7,7 +7,8 @@ one (Avalanche's accuracy matrix). Methods are named by what they are (:mod:`gro
 ``target:dct`` (a Nadaraya–Watson target memory on DCT keys), ``target:subspaces``, ``net:<preset>`` (a
 growing network), the order-free baselines on the same keys and on raw pixels (``knn:``, ``ncm:``,
 ``slda:``), and Avalanche's strategies with their recipes (``growmem/continual/baselines.py``): ``naive``,
-``ewc``, ``lwf``, ``gdumb`` (its authors' recipe), ``replay_4400``, ``replay_bytes`` (as many samples as the
+``ewc``, ``lwf``, ``gdumb`` (its authors' recipe; it retrains from scratch at every experience, so it is trained and
+evaluated after the last one alone — the same final model, bit for bit — and has no forgetting entry), ``replay_4400``, ``replay_bytes`` (as many samples as the
 budget holds), ``cumulative``, ``joint``.
 
 **Bytes.** One budget for every method (``--memory-budget``, default 15.7 MB): growmem's methods are
@@ -153,7 +154,7 @@ def plot(payload, out: Path):
     for ax, stream in zip(axes[0], streams):
         for k, m in enumerate(payload["summary"][stream]):
             mats = [r["accuracy_matrix"] for r in payload["runs"] if r["stream"] == stream and r["method"] == m
-                    and len(r["accuracy_matrix"]) > 1]
+                    and len(r["accuracy_matrix"]) > 1 and r["config"].get("evaluated") != "final"]
             if not mats:
                 continue
             import numpy as np
@@ -221,7 +222,7 @@ def main(argv=None):
         return run_continual(stream, methods, run_seeds, run_budget, stream_options=options, data_dir=args.data_dir,
                              method_settings={m: s for m, s in settings.items() if m in methods}, epochs=epochs,
                              replay_dtype=args.replay_dtype, progress=not args.no_progress, threads=args.threads,
-                             verbose=True)["runs"]
+                             verbose=True, final_only=True)["runs"]
 
     for stream in streams:
         known = {m for ms in METHODS.values() for m in ms}

@@ -5,7 +5,8 @@ is seen once, in mini-batches of 10; a replay method rehearses 10 samples from i
 **Protocol: offline** (``--protocol offline``, beside it): a baseline trains for several epochs on each
 experience — ``replay_bytes`` (Avalanche's Replay, its epochs chosen on the validation split with
 ``--tune --protocol offline``) and ``gdumb_bytes`` (GDumb's recipe: an MLP retrained from scratch on its
-class-balanced buffer, 128 epochs); growmem's target memories and kNN are order-free and keep each sample
+class-balanced buffer, 128 epochs, trained after the last experience alone: it retrains from scratch at
+every experience, so the final model is the same bit for bit); growmem's target memories and kNN are order-free and keep each sample
 once (a second pass would store it twice), so their offline run is their preset's own batch, one pass.
 Every method is bounded by the same budget (``--budgets``, peak bytes in use checked: ``within_budget``), and
 is evaluated on the whole test stream after each experience (Avalanche's accuracy matrix); the number
@@ -197,7 +198,8 @@ def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None,
     if overrides:
         settings["overrides"] = {**settings.get("overrides", {}), **dict(overrides)}
     doc = run_continual(stream, [method], seeds, budget, online=online, stream_options=options, data_dir=data_dir,
-                        method_settings={method: settings}, progress=progress, verbose=False, split=split)
+                        method_settings={method: settings}, progress=progress, verbose=False, split=split,
+                        final_only=True)
     out = []
     for r in doc["runs"]:
         r = dict(r, budget=int(budget), protocol=protocol, method=label or r["method"], base_method=method)

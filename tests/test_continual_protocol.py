@@ -190,6 +190,30 @@ def test_gdumb_trains_on_its_buffer_read_once_with_the_same_results(monkeypatch)
     assert make_stream("split_mnist").fixed_train_transforms and make_stream("drifting_teacher").fixed_train_transforms
 
 
+def test_gdumb_final_only_trains_the_last_experience_alone_to_the_same_final_model():
+    """GDumb retrains from scratch at every experience, so ``final_only`` trains (and evaluates) it after the
+    last experience alone: the final accuracies are bit for bit the full run's, the earlier rows are not
+    measured (None, no forgetting claimed), the buffer's peak bytes are the same; a method that keeps its
+    model (replay) is still trained and evaluated at every experience."""
+    from growmem.continual.runner import run_continual
+
+    kw = dict(seeds=[2], budget_bytes="0.2MB", epochs=2, progress=False, verbose=False,
+              stream_options=dict(n_experiences=5, train_limit=600, test_limit=200))
+    full = run_continual("split_mnist", methods=["gdumb_bytes"], **kw)["runs"][0]
+    last = run_continual("split_mnist", methods=["gdumb_bytes", "replay_bytes"], final_only=True, **kw)["runs"]
+    fast, replay = last
+    assert fast["accuracy_matrix"][-1] == full["accuracy_matrix"][-1]
+    assert all(v is not None for v in fast["accuracy_matrix"][-1])
+    assert all(v is None for row in fast["accuracy_matrix"][:-1] for v in row)
+    assert fast["summary"]["acc_mean_over_experiences"] == full["summary"]["acc_mean_over_experiences"]
+    assert fast["summary"]["acc_stream_weighted"] == full["summary"]["acc_stream_weighted"]
+    assert full["summary"]["forgetting"] is not None and fast["summary"]["forgetting"] is None
+    assert fast["summary"]["bytes_in_use_peak"] == full["summary"]["bytes_in_use_peak"]
+    assert fast["config"]["evaluated"] == "final" and full["config"]["evaluated"] == "every experience"
+    assert replay["config"]["evaluated"] == "every experience"
+    assert all(v is not None for v in replay["accuracy_matrix"][0][:1]) and replay["summary"]["forgetting"] is not None
+
+
 # ----------------------------------------------------------------------------- tuning
 
 def _tune_module():

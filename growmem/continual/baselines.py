@@ -105,6 +105,11 @@ EPOCHS = {"split_mnist": 2, "permuted_mnist": 1}
 TUNED: Dict[str, Dict[str, Dict[str, Any]]] = {}
 
 
+#: baselines that retrain their model from scratch at every experience (GDumb: the initial model, a fresh
+#: optimizer state): only the last experience's training reaches the final model
+RETRAINS_FROM_SCRATCH = ("gdumb", "gdumb_bytes")
+
+
 def is_baseline(name: str) -> bool:
     return name in BASELINES or bool(_REPLAY.match(name))
 

@@ -382,7 +382,7 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
 
 
 def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, run_dir, resume, settings,
-                  progress: bool, loggers, on_batch, sample_bytes: Optional[int]) -> dict:
+                  progress: bool, loggers, on_batch, sample_bytes: Optional[int], final_only: bool = False) -> dict:
     prog = _Progress()
     settings = baseline_settings_for(method, stream, dict(settings or {}), budget, sample_bytes)
     strategy = B.make_baseline(method.name, stream, seed=seed,
@@ -399,6 +399,9 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
         mm.recorder.records = list(results["bytes"])
     n_exp = stream.n_experiences
     joint = method.name == "joint"
+    # a model retrained from scratch at every experience is seen at the end only: train it there alone
+    final_only = final_only and method.name in B.RETRAINS_FROM_SCRATCH and not joint
+    config["evaluated"] = "final" if final_only else "every experience"
     units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
     if joint and start > 0:
         units = []
@@ -408,19 +411,24 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
         if on_batch is not None:
             prog.on_batch = lambda p, e=e: on_batch({"method": method.name, "seed": seed, "experience": e, **p})
         torch.manual_seed(B.experience_seed(seed, 0 if joint else e))
+        skip = final_only and e < n_exp - 1     # the buffer is filled; the model is reset at the next experience
         t = _timer()
-        train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
+        strategy.train_epochs = 0 if skip else config["epochs"]
+        try:
+            train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
+        finally:
+            strategy.train_epochs = config["epochs"]
         train_s = _elapsed(t)
         if prog.bar is not None:
             prog.bar.close()
         t = _timer()
-        metrics = {**train_metrics, **strategy.eval(stream.test_stream)}
+        metrics = {} if skip else {**train_metrics, **strategy.eval(stream.test_stream)}
         # a single pass: Avalanche's training accuracy is prequential (outputs before each update)
         _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t), prequential=config["epochs"] == 1)
         if state_path is not None and not joint:
             B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
-    return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget, square=not joint,
-                   resumed=resumed)
+    return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget,
+                   square=not (joint or final_only), resumed=resumed)
 
 
 # ----------------------------------------------------------------------------- the runner
@@ -434,7 +442,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                   on_batch: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
                   method_settings: Optional[Dict[str, dict]] = None, split: str = "test",
                   replay_dtype: str = "uint8", eval_mb_size: int = 256, threads: int = 1,
-                  prequential: Optional[bool] = None, verbose: bool = True, name: str = "continual") -> dict:
+                  prequential: Optional[bool] = None, verbose: bool = True, name: str = "continual",
+                  final_only: bool = False) -> dict:
     """Run growmem methods and Avalanche baselines on one stream; returns (and with ``out`` writes
     ``<out>/<name>.json`` + PNGs) ``{"config", "stream", "runs", "summary"}``.
 
@@ -460,7 +469,10 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     (``torch.set_num_threads``, restored after; default 1: the baselines' MLPs are too small for a second
     thread to pay, and its synchronisation dominates their steps on a busy machine; 0: PyTorch's own default).
     ``prequential``: record each batch's accuracy before training on it (default: on the
-    drifting stream).
+    drifting stream). ``final_only``: a baseline that retrains its model from scratch at every experience
+    (GDumb: ``baselines.RETRAINS_FROM_SCRATCH``) trains and is evaluated after the last experience only —
+    its final accuracy is bitwise the full run's (the earlier models are discarded), the accuracy matrix
+    has its last row only (no forgetting), and it costs one training instead of one per experience.
     """
     if growmem_loop not in LOOPS:
         raise unknown("growmem loop", growmem_loop, LOOPS)
@@ -498,7 +510,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
               "epochs": epochs, "split": split, "replay_dtype": replay_dtype,
               "growmem": {m: c.describe() for m, c in configs.items()}, "growmem_loop": growmem_loop,
               "baseline_settings": {**B.SETTINGS, **(baseline_settings or {})}, "method_settings": method_settings,
-              "eval_mb_size": eval_mb_size, "prequential": bool(prequential),
+              "eval_mb_size": eval_mb_size, "prequential": bool(prequential), "final_only": bool(final_only),
               "data": "download" if download else "local"}
     root, folders = _prepare_checkpoints(checkpoint_dir, config, resume, out)
     failed, torch_threads = True, torch.get_num_threads()
@@ -546,7 +558,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                 else:
                     res = _run_baseline(st, m, seed, settings={**(baseline_settings or {}),
                                                                **method_settings.get(m.name, {})},
-                                        sample_bytes=sample_bytes, **common)
+                                        sample_bytes=sample_bytes, final_only=final_only, **common)
                 res = _jsonable(res)
                 if run_dir is not None:
                     _write_json(run_dir / RESULT_FILE, res)
