@@ -154,6 +154,10 @@ def test_budget_matched_replay_and_gdumb_narrow_their_model_to_half_the_budget()
     assert s["hidden_size"] == 16 and s["mem_size"] == (1_000_000 - gdumb(16)) // 785
     with pytest.raises(ValueError, match="gdumb_bytes needs a memory budget"):
         baseline_settings_for(m, stream, {}, None, 785)
+    # the API without the runner: a buffer-sized strategy built without its buffer size says the same
+    for name in ("replay_bytes", "gdumb_bytes", "er_reservoir:raw"):
+        with pytest.raises(ValueError, match=f"^{name} needs a memory budget"):
+            B.make_baseline(name, stream, seed=0, evaluator=None)
     with pytest.raises(ValueError, match="raise --memory-budget"):
         baseline_settings_for(m, stream, {}, 20_000, 785)
 

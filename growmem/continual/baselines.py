@@ -110,6 +110,18 @@ TUNED: Dict[str, Dict[str, Dict[str, Any]]] = {}
 RETRAINS_FROM_SCRATCH = ("gdumb", "gdumb_bytes")
 
 
+def needs_budget(name: str) -> ConfigError:
+    """The error of a buffer-sized method run without a memory budget (the one place it is worded)."""
+    return ConfigError(f"{name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what the "
+                       f"budget holds beside the model")
+
+
+def _mem_size(name: str, s: dict) -> int:
+    if "mem_size" not in s:
+        raise needs_budget(name)
+    return int(s["mem_size"])
+
+
 def is_baseline(name: str) -> bool:
     return name in BASELINES or bool(_REPLAY.match(name))
 
@@ -129,6 +141,8 @@ def recipe(name: str, stream_name: str, settings: Optional[dict] = None) -> Dict
     m = _REPLAY.match(name)
     if m:
         out["mem_size"] = int(m.group(1))
+    if name in BUDGET_MATCHED and "mem_size" not in (settings or {}):
+        out.pop("mem_size", None)     # its buffer is what the budget holds, never its family's recipe's
     return out
 
 
@@ -402,17 +416,11 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
                   train_epochs=int(epochs), eval_mb_size=s["eval_mb_size"], device=device, evaluator=evaluator,
                   plugins=list(plugins or []) + extra)
     if er:
-        if "mem_size" not in s:
-            raise ConfigError(f"{name} needs a memory budget (--memory-budget): its buffer is what the budget holds "
-                              f"beside the model")
-        plugin = OnlineReplay(int(s["mem_size"]), int(s["batch_size_mem"]), er.group(1), stream.n_classes,
+        plugin = OnlineReplay(_mem_size(name, s), int(s["batch_size_mem"]), er.group(1), stream.n_classes,
                               seed=int(seed), codes=codes)
         return Naive(**{**common, "plugins": common["plugins"] + [plugin]})
     if _REPLAY.match(name) or name == "replay_bytes":
-        if "mem_size" not in s:
-            raise ConfigError("replay_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
-                              "holds beside the model")
-        return Replay(mem_size=int(s["mem_size"]), **common)
+        return Replay(mem_size=_mem_size(name, s), **common)
     if name == "naive":
         return Naive(**common)
     if name == "ewc":
@@ -421,10 +429,7 @@ def make_baseline(name: str, stream, *, seed: int, evaluator, epochs: Optional[i
         alpha = lwf_alphas(stream.n_experiences) if s["lwf_alpha"] is None else float(s["lwf_alpha"])
         return LwF(alpha=alpha, temperature=s["lwf_temperature"], **common)
     if name in ("gdumb", "gdumb_bytes"):
-        if "mem_size" not in s:
-            raise ConfigError("gdumb_bytes needs a memory budget (--memory-budget): its buffer is what the budget "
-                              "holds beside the model")
-        gdumb = GDumb(mem_size=int(s["mem_size"]), **common)
+        gdumb = GDumb(mem_size=_mem_size(name, s), **common)
         if getattr(stream, "fixed_train_transforms", False):     # after GDumb's own plugin: it fills the buffer
             gdumb.plugins.append(MaterializedTrainingData())
         return gdumb

@@ -360,8 +360,7 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
     replay the same beside its one-hidden-layer MLP."""
     if B.is_online_replay(method.name):
         if budget is None:
-            raise ConfigError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is "
-                              f"what the budget holds beside the model")
+            raise B.needs_budget(method.name)
         codes = B.er_codes(method.name, stream.input_size)
         n_in = stream.input_size if codes is None else codes.key_dim
         s = {"hidden_size": B.er_width(budget, n_in, stream.n_classes), **settings}
@@ -373,8 +372,7 @@ def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget
     if method.name not in BUDGET_MATCHED:
         return settings
     if budget is None:
-        raise ConfigError(f"{method.name} needs a memory budget (budget_bytes / --memory-budget): its buffer is what "
-                          f"the budget holds beside the model")
+        raise B.needs_budget(method.name)
     settings, fixed = budget_fixed_bytes(method.name, stream, budget, settings)
     per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
                                                                                     else 1)
