@@ -212,8 +212,8 @@ def test_every_module_over_600_lines_gives_its_reason_in_the_architecture_page()
 
 def _stepping_loops():
     """``{"module.function"}`` (module without ``growmem.``) of every ``for``/``while`` loop in the package whose
-    body calls a ``.step``, ``.observe`` or ``.train`` attribute or a function named ``*step*`` (a jitted
-    ``step_fn``)."""
+    body calls a ``.step``, ``.observe`` or ``.train`` attribute, a function named ``*step*`` (a jitted
+    ``step_fn``) or one named ``train`` / ``observe`` (a callback handed to a loop)."""
     found = set()
     for name, path in _modules().items():
         tree = ast.parse(path.read_text())
@@ -223,7 +223,8 @@ def _stepping_loops():
                 continue
             if not any(isinstance(n, ast.Call) and (
                     (isinstance(n.func, ast.Attribute) and n.func.attr in ("step", "observe", "train"))
-                    or (isinstance(n.func, ast.Name) and "step" in n.func.id)) for n in ast.walk(node)):
+                    or (isinstance(n.func, ast.Name) and ("step" in n.func.id or n.func.id in ("train", "observe"))))
+                   for n in ast.walk(node)):
                 continue
             f = node
             while f in parents and not isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):

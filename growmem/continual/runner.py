@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .errors import ConfigError, UnknownNameError, require_avalanche, unknown
+from .errors import ConfigError, require_avalanche, unknown
 
 require_avalanche()
 
@@ -47,7 +46,7 @@ from . import baselines as B  # noqa: E402
 from .fast import FastLoop  # noqa: E402
 from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
 from .memory_bytes import module_bytes, stored_sample_bytes  # noqa: E402
-from .methods import BUDGET_MATCHED, GROWMEM, Method, resolve_all, valid_methods  # noqa: E402,F401
+from .methods import BUDGET_MATCHED, GROWMEM, Method, resolve_all  # noqa: E402
 from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
                       memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
@@ -228,6 +227,19 @@ def _elapsed(t) -> float:
     return float(t.result())
 
 
+def _experience_loop(results: dict, units, n_exp: int, *, train, evaluate, after, prequential: bool):
+    """The one loop over a stream's experiences, growmem's and Avalanche's: ``train(e, unit) -> (metrics, or None
+    if not measured; bytes)``, ``evaluate()`` on the test stream, the row recorded, then ``after(e)``."""
+    for e, unit in units:
+        t = _timer()
+        train_metrics, bytes_rec = train(e, unit)
+        train_s = _elapsed(t)
+        t = _timer()
+        metrics = {} if train_metrics is None else {**train_metrics, **evaluate()}
+        _record(results, metrics, n_exp, bytes_rec, train_s, _elapsed(t), prequential=prequential)
+        after(e)
+
+
 def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
                  loop: str, checkpoint_every: int, eval_mb_size: int, progress: bool, loggers, on_batch,
                  prequential: bool) -> dict:
@@ -267,8 +279,8 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
         learner.save(ck, counter, data_position=position, config=config,
                      extra={"results": results, "bytes_current": current, "epoch_acc": epoch_acc})
 
-    for e in range(start, n_exp):
-        exp = stream.train_stream[e]
+    def train(e, exp):
+        nonlocal partial, acc_partial
         here = pos if (pos is not None and not pos["done"] and pos["exp"] == e) else None
         nb = -(-len(exp.dataset) // learner.batch_size)
         done = 0 if here is None else here["epoch"] * nb + here["batch"]
@@ -288,7 +300,6 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
                 on_batch({"method": method.name, "seed": seed, "experience": e, "epoch": p["epoch"],
                           "batch": p["batch"]})
 
-        t = _timer()
         if loop == "fast":
             train_metrics = driver.train(exp, shuffle=shuffle, resume=here, bytes_resume=partial if here else None,
                                          acc_resume=acc_partial if here else None,
@@ -306,16 +317,18 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
                                                                 lambda: accs[0] if accs else None)
             train_metrics = strategy.train(exp, **stream.train_kwargs)
             bytes_rec = mm.records[-1]
-        train_s = _elapsed(t)
         if bar is not None:
             bar.close()
-        t = _timer()
-        metrics = driver.eval(stream.test_stream) if loop == "fast" else strategy.eval(stream.test_stream)
-        _record(results, {**train_metrics, **metrics}, n_exp, bytes_rec, train_s, _elapsed(t),
-                prequential=prequential and n_epochs == 1)
         partial = acc_partial = None
+        return train_metrics, bytes_rec
+
+    def after(e):
         if ck is not None:
             save({"exp": e, "epoch": n_epochs, "batch": 0, "done": True}, None)
+
+    evaluate = lambda: (driver if loop == "fast" else strategy).eval(stream.test_stream)  # noqa: E731
+    _experience_loop(results, [(e, stream.train_stream[e]) for e in range(start, n_exp)], n_exp, train=train,
+                     evaluate=evaluate, after=after, prequential=prequential and n_epochs == 1)
     if ck is not None:
         ck.close()
     config.update(learner=learner.describe())
@@ -403,28 +416,28 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
     units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
     if joint and start > 0:
         units = []
-    for e, unit in units:
+    def train(e, unit):
         label = "all" if joint else f"{e + 1}/{n_exp}"
         prog.bar = _bar(f"{method.name} seed {seed} exp {label}", None, 0, progress)
         if on_batch is not None:
             prog.on_batch = lambda p, e=e: on_batch({"method": method.name, "seed": seed, "experience": e, **p})
         torch.manual_seed(B.experience_seed(seed, 0 if joint else e))
         skip = final_only and e < n_exp - 1     # the buffer is filled; the model is reset at the next experience
-        t = _timer()
         strategy.train_epochs = 0 if skip else config["epochs"]
         try:
             train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
         finally:
             strategy.train_epochs = config["epochs"]
-        train_s = _elapsed(t)
         if prog.bar is not None:
             prog.bar.close()
-        t = _timer()
-        metrics = {} if skip else {**train_metrics, **strategy.eval(stream.test_stream)}
-        # a single pass: Avalanche's training accuracy is prequential (outputs before each update)
-        _record(results, metrics, n_exp, mm.records[-1], train_s, _elapsed(t), prequential=config["epochs"] == 1)
+        return (None if skip else train_metrics), mm.records[-1]
+
+    def after(e):
         if state_path is not None and not joint:
             B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
+
+    _experience_loop(results, units, n_exp, train=train, evaluate=lambda: strategy.eval(stream.test_stream),
+                     after=after, prequential=config["epochs"] == 1)   # one pass: Avalanche's accuracy is prequential
     return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget,
                    square=not (joint or final_only), resumed=resumed)
 
