@@ -138,6 +138,7 @@ OFFLINE_TUNE_GRID = {
 #: ``{method: {setting: (value, reason)}}``: a chosen value on its grid's edge that cannot be extended past
 EDGE_REASONS = {
     "replay_bytes": {"epochs": (1, "one epoch per experience is the fewest an offline run takes")},
+    "knn:dct": {"k": (1, "one neighbour is the fewest kNN takes")},
 }
 
 PRESETS = {
