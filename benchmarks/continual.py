@@ -7,8 +7,9 @@ one (Avalanche's accuracy matrix). Methods are named by what they are (:mod:`gro
 ``target:dct`` (a Nadaraya–Watson target memory on DCT keys), ``target:subspaces``, ``net:<preset>`` (a
 growing network), the order-free baselines on the same keys and on raw pixels (``knn:``, ``ncm:``,
 ``slda:``), and Avalanche's strategies with their recipes (``growmem/continual/baselines.py``): ``naive``,
-``ewc``, ``lwf``, ``gdumb`` (its authors' recipe; it retrains from scratch at every experience, so it is trained and
-evaluated after the last one alone — the same final model, bit for bit — and has no forgetting entry), ``replay_4400``, ``replay_bytes`` (as many samples as the
+``ewc``, ``lwf``, ``gdumb`` (its authors' recipe; it retrains from scratch at every experience, so it is
+trained and evaluated after the last one alone — the same final model, bit for bit — and has no forgetting
+entry), ``replay_4400``, ``replay_bytes`` (as many samples as the
 budget holds), ``cumulative``, ``joint``.
 
 **Bytes.** One budget for every method (``--memory-budget``, default 15.7 MB): growmem's methods are

@@ -6,8 +6,9 @@ is seen once, in mini-batches of 10; a replay method rehearses 10 samples from i
 experience — ``replay_bytes`` (Avalanche's Replay, its epochs chosen on the validation split with
 ``--tune --protocol offline``) and ``gdumb_bytes`` (GDumb's recipe: an MLP retrained from scratch on its
 class-balanced buffer, 128 epochs, trained after the last experience alone: it retrains from scratch at
-every experience, so the final model is the same bit for bit); growmem's target memories and kNN are order-free and keep each sample
-once (a second pass would store it twice), so their offline run is their preset's own batch, one pass.
+every experience, so the final model is the same bit for bit); growmem's target memories and kNN are
+order-free and keep each sample once (a second pass would store it twice), so their offline run is their
+preset's own batch, one pass.
 Every method is bounded by the same budget (``--budgets``, peak bytes in use checked: ``within_budget``), and
 is evaluated on the whole test stream after each experience (Avalanche's accuracy matrix); the number
 reported is the final accuracy, the mean over the test experiences.

@@ -410,12 +410,12 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
         mm.recorder.records = list(results["bytes"])
     n_exp = stream.n_experiences
     joint = method.name == "joint"
-    # a model retrained from scratch at every experience is seen at the end only: train it there alone
-    final_only = final_only and method.name in B.RETRAINS_FROM_SCRATCH and not joint
+    final_only = final_only and method.name in B.RETRAINS_FROM_SCRATCH and not joint   # its last model alone counts
     config["evaluated"] = "final" if final_only else "every experience"
     units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
     if joint and start > 0:
         units = []
+
     def train(e, unit):
         label = "all" if joint else f"{e + 1}/{n_exp}"
         prog.bar = _bar(f"{method.name} seed {seed} exp {label}", None, 0, progress)
