@@ -124,7 +124,8 @@ TUNE_GRID = {
     "net:readout_replay_dct_merge": lambda b, s: _cross(
         {"readout.temperature": 1.0, "readout.beta": 1.0},
         **{"readout.temperature": (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)}),
-    "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5)],
+    # k = 5, the top, won at 3 MB: from there on also 10
+    "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
 }
