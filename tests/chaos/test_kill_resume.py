@@ -9,8 +9,9 @@ command is run again with ``--resume``; at the end its metrics, its rows (``grow
 cold-tier chunk file equal the uninterrupted run's, and no temporary file or folder remains.
 
 The 1-process run is killed in the runs that resume from the faults below (``KILLS`` in each), so
-the kills start from a folder a fault left behind. The same for a 2-process run (``--coordinator``: every memory's rows split over the two processes'
-devices, each shard spilling to its own cold tier), both processes killed at once at ``KILLS2`` points.
+the kills start from a folder a fault left behind. The same for a 2-process run (``--coordinator``:
+every memory's rows split over the two processes' devices, each shard spilling to its own cold tier),
+both processes killed at once at ``KILLS2`` points.
 The 1-process runs take fewer: the 2-process one goes through the same tier code and more.
 
 Faults, not only kills: a file-size limit (``RLIMIT_FSIZE``: a disk that fills) in the middle of a
