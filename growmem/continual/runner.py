@@ -423,11 +423,11 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
             prog.on_batch = lambda p, e=e: on_batch({"method": method.name, "seed": seed, "experience": e, **p})
         torch.manual_seed(B.experience_seed(seed, 0 if joint else e))
         skip = final_only and e < n_exp - 1     # the buffer is filled; the model is reset at the next experience
-        strategy.train_epochs = 0 if skip else config["epochs"]
+        kept, strategy.train_epochs = strategy.train_epochs, 0 if skip else strategy.train_epochs
         try:
             train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
         finally:
-            strategy.train_epochs = config["epochs"]
+            strategy.train_epochs = kept
         if prog.bar is not None:
             prog.bar.close()
         return (None if skip else train_metrics), mm.records[-1]

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 
 from .. import optim
-from ..train import Trainer, cross_entropy, fit
+from ..train import NonFiniteLossError, Trainer, cross_entropy, fit
 from .core import Context, Images, accuracy, batches_for
 
 
@@ -79,7 +79,6 @@ def _fit_report(ctx: Context, learner, data: Images, *, batch: int, epochs: int,
     out = fit(learner, batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every)
     seconds = time.perf_counter() - t0
     if out["stopped"]:
-        from ..train import NonFiniteLossError
         raise NonFiniteLossError(f"{label}: {out['stopped']}")
     evals = [e for e in out["evals"] if "test_accuracy" in e]
     loss = np.asarray(jax.device_get(losses), np.float64)
