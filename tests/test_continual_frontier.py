@@ -118,7 +118,7 @@ def test_the_budget_sizes_the_width_and_the_buffer_and_names_say_what_is_stored(
     m = methods.resolve("er_balanced:dct")
     assert (m.kind, m.family) == ("avalanche", "er") and "class-balanced" in m.description and "DCT" in m.description
     assert "er_reservoir:raw" in methods.valid_methods()
-    from growmem.continual.runner import baseline_settings_for
+    from growmem.continual.budgets import baseline_settings_for
     stream = SimpleNamespace(name="split_mnist", input_size=784, n_classes=10, task_incremental=False)
     s = baseline_settings_for(methods.resolve("er_reservoir:raw"), stream, {}, 1_000_000, 785)
     model = 4 * (784 * 128 + 128 + 128 * 10 + 10)                      # SGD without momentum: no optimizer state
@@ -129,7 +129,7 @@ def test_budget_matched_replay_and_gdumb_narrow_their_model_to_half_the_budget()
     """replay_bytes / gdumb_bytes keep the recipe's width where model and state fit half the budget, else the
     widest of 512, 256, ... that does; the buffer is the rest (sizes by hand: SimpleMLP 784-h-h-10 with
     biases and SGD momentum; GDumbMLP 784-h-h-10 bias-free with batch norm, momentum and GDumb's init copy)."""
-    from growmem.continual.runner import baseline_settings_for
+    from growmem.continual.budgets import baseline_settings_for
     stream = SimpleNamespace(name="split_mnist", input_size=784, n_classes=10, task_incremental=False)
 
     def simple(h):

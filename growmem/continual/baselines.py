@@ -23,7 +23,7 @@ on task-incremental streams) trained by SGD with momentum 0.9 on mini-batches of
                  the model, its optimizer state and GDumb's copy of the initial model
                  (budget-matched GDumb; needs a budget). For both ``*_bytes`` methods the recipe's
                  width is kept where model and state take at most half the budget, else the widest
-                 of 512/256/.../4 units that does (``runner.budget_fixed_bytes``)
+                 of 512/256/.../4 units that does (``budgets.budget_fixed_bytes``)
 ``er_<policy>:<store>`` online experience replay (:class:`OnlineReplay` on Avalanche's ``Naive``): every
                  mini-batch of 10 stream samples is trained on together with 10 samples drawn from a
                  buffer, then offered to it — ``reservoir`` (uniform over the stream) or

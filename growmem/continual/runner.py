@@ -43,14 +43,14 @@ from avalanche.core import SupervisedPlugin  # noqa: E402
 from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
 
 from . import baselines as B  # noqa: E402
+from .budgets import baseline_settings_for, sample_bytes_of  # noqa: E402
 from .fast import FastLoop  # noqa: E402
 from .learner import GrowmemConfig, GrowmemLearner  # noqa: E402
-from .memory_bytes import module_bytes, stored_sample_bytes  # noqa: E402
-from .methods import BUDGET_MATCHED, GROWMEM, Method, resolve_all  # noqa: E402
+from .methods import GROWMEM, Method, resolve_all  # noqa: E402
 from .metrics import (TRAIN_EPOCH_ACC, accuracy_row, accuracy_state, epoch_accuracies, make_evaluator,  # noqa: E402
                       memory_metric, stream_accuracy, summarize)
 from .report import aggregate, plot, table  # noqa: E402
-from .streams import MNIST_FAMILY, STREAMS, Stream, make_stream  # noqa: E402
+from .streams import STREAMS, Stream, make_stream  # noqa: E402
 from .strategy import GrowmemStrategy  # noqa: E402
 
 #: growmem methods run by default on the drifting stream: no forgetting / forgetting when a drift detector
@@ -242,7 +242,7 @@ def _experience_loop(results: dict, units, n_exp: int, *, train, evaluate, after
 
 def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, *, budget, epochs, run_dir, resume,
                  loop: str, checkpoint_every: int, eval_mb_size: int, progress: bool, loggers, on_batch,
-                 prequential: bool) -> dict:
+                 on_experience, prequential: bool) -> dict:
     from growmem.checkpoint import Checkpointer
 
     learner = GrowmemLearner(cfg, num_classes=stream.n_classes, input_size=stream.input_size, budget_bytes=budget,
@@ -325,6 +325,8 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
     def after(e):
         if ck is not None:
             save({"exp": e, "epoch": n_epochs, "batch": 0, "done": True}, None)
+        if on_experience is not None:
+            on_experience({"method": method.name, "seed": seed, "experience": e, "stream": stream, "learner": learner})
 
     evaluate = lambda: (driver if loop == "fast" else strategy).eval(stream.test_stream)  # noqa: E731
     _experience_loop(results, [(e, stream.train_stream[e]) for e in range(start, n_exp)], n_exp, train=train,
@@ -335,65 +337,9 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
     return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget, resumed=resumed)
 
 
-def sample_bytes_of(stream: Stream, replay_dtype: str) -> Optional[int]:
-    """Bytes of one stored training sample of ``stream`` (``memory_bytes.stored_sample_bytes``): the MNIST
-    family and the CIFAR streams hold 8-bit images."""
-    uint8 = stream.name in MNIST_FAMILY or stream.name.startswith("split_cifar")
-    return stored_sample_bytes(stream.input_size, stream.n_classes, uint8_inputs=uint8,
-                               task_labels=stream.task_incremental, replay_dtype=replay_dtype)
-
-
-def budget_fixed_bytes(name: str, stream, budget_bytes: int, settings: Optional[dict] = None):
-    """``(settings, fixed)`` of a budget-matched method (``replay_bytes``, ``gdumb_bytes``): ``settings`` with
-    the hidden width its model takes at ``budget_bytes``, and the bytes it keeps beside its buffer — the
-    model, its SGD momentum (one buffer per parameter) and GDumb's copy of the initial model. The recipe's
-    width where these take at most half the budget (or the width ``settings`` names), else the widest of
-    :data:`baselines.ER_WIDTHS` that does."""
-    def fixed(s):
-        r = B.recipe(name, stream.name, s)
-        copies = (2 if r["momentum"] else 1) + (1 if BUDGET_MATCHED.get(name, name) == "gdumb" else 0)
-        return module_bytes(B.make_model(stream, r)) * copies
-
-    settings = dict(settings or {})
-    own = fixed(settings)
-    if "hidden_size" in settings or own <= int(budget_bytes) // 2:
-        return settings, own
-    for h in B.ER_WIDTHS:
-        narrow = {**settings, "hidden_size": h}
-        size = fixed(narrow)
-        if size <= int(budget_bytes) // 2:
-            return narrow, size
-    raise ConfigError(f"a memory budget of {budget_bytes} B does not hold {name}'s model of {B.ER_WIDTHS[-1]} hidden "
-                      f"units and its optimizer state in half of it: raise --memory-budget")
-
-
-def baseline_settings_for(method: Method, stream: Stream, settings: dict, budget, sample_bytes) -> dict:
-    """``settings`` plus, for ``replay_bytes`` and ``gdumb_bytes``, the buffer the budget holds beside the
-    model and its state (:func:`budget_fixed_bytes`) at ``sample_bytes`` a sample; for online
-    replay the same beside its one-hidden-layer MLP."""
-    if B.is_online_replay(method.name):
-        if budget is None:
-            raise B.needs_budget(method.name)
-        codes = B.er_codes(method.name, stream.input_size)
-        n_in = stream.input_size if codes is None else codes.key_dim
-        s = {"hidden_size": B.er_width(budget, n_in, stream.n_classes), **settings}
-        r = B.recipe(method.name, stream.name, s)
-        fixed = module_bytes(B.make_model(stream, {**r, "input_size": n_in})) * (2 if r["momentum"] else 1)
-        per = B.OnlineReplay.sample_bytes(stream.input_size, codes, stream.task_incremental) \
-            if codes is not None or sample_bytes is not None else 4 * stream.input_size + 8
-        return {**s, "mem_size": B.replay_capacity(budget, fixed, per)}
-    if method.name not in BUDGET_MATCHED:
-        return settings
-    if budget is None:
-        raise B.needs_budget(method.name)
-    settings, fixed = budget_fixed_bytes(method.name, stream, budget, settings)
-    per = sample_bytes if sample_bytes is not None else 4 * stream.input_size + 8 * (2 if stream.task_incremental
-                                                                                    else 1)
-    return {**settings, "mem_size": B.replay_capacity(budget, fixed, per)}
-
-
 def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, run_dir, resume, settings,
-                  progress: bool, loggers, on_batch, sample_bytes: Optional[int], final_only: bool = False) -> dict:
+                  progress: bool, loggers, on_batch, on_experience, sample_bytes: Optional[int],
+                  final_only: bool = False) -> dict:
     prog = _Progress()
     settings = baseline_settings_for(method, stream, dict(settings or {}), budget, sample_bytes)
     strategy = B.make_baseline(method.name, stream, seed=seed,
@@ -435,6 +381,9 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
     def after(e):
         if state_path is not None and not joint:
             B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
+        if on_experience is not None:
+            on_experience({"method": method.name, "seed": seed, "experience": e, "stream": stream,
+                           "strategy": strategy})
 
     _experience_loop(results, units, n_exp, train=train, evaluate=lambda: strategy.eval(stream.test_stream),
                      after=after, prequential=config["epochs"] == 1)   # one pass: Avalanche's accuracy is prequential
@@ -450,7 +399,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                   stream_options: Optional[dict] = None, data_dir=None, download: bool = False,
                   epochs: Union[int, Dict[str, int], None] = None, growmem_loop: str = "fast",
                   checkpoint_every: int = 500, out=None, progress: bool = True, loggers=None,
-                  on_batch: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
+                  on_batch: Optional[Callable[[dict], None]] = None,
+                  on_experience: Optional[Callable[[dict], None]] = None, baseline_settings: Optional[dict] = None,
                   method_settings: Optional[Dict[str, dict]] = None, split: str = "test",
                   replay_dtype: str = "uint8", eval_mb_size: int = 256, threads: int = 1,
                   prequential: Optional[bool] = None, verbose: bool = True, name: str = "continual",
@@ -476,7 +426,10 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
     every Avalanche baseline; ``method_settings``: ``{method name: settings}`` for one method (a
     baseline's recipe values, or a growmem method's ``{"overrides": {...}}``). ``growmem_loop``:
     ``fast`` (native loop) or ``template`` (:class:`GrowmemStrategy` in Avalanche's template).
-    ``on_batch(info)`` is called after every training batch. ``threads``: PyTorch's threads during the call
+    ``on_batch(info)`` is called after every training batch; ``on_experience(info)`` after each experience
+    (and its evaluation), ``info`` naming the method, seed, experience (``None``: ``joint``'s whole stream) and
+    stream with the ``learner`` (a growmem method's :class:`GrowmemLearner`) or the Avalanche ``strategy``
+    (a baseline) as it stands then — to measure what a model holds between experiences. ``threads``: PyTorch's threads during the call
     (``torch.set_num_threads``, restored after; default 1: the baselines' MLPs are too small for a second
     thread to pay, and its synchronisation dominates their steps on a busy machine; 0: PyTorch's own default).
     ``prequential``: record each batch's accuracy before training on it (default: on the
@@ -561,7 +514,8 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                 if run_dir is not None:
                     run_dir.mkdir(parents=True, exist_ok=True)
                 common = dict(budget=config["budget_bytes"], epochs=method_epochs(m.name), run_dir=run_dir,
-                              resume=resume, progress=progress, loggers=loggers, on_batch=on_batch)
+                              resume=resume, progress=progress, loggers=loggers, on_batch=on_batch,
+                              on_experience=on_experience)
                 if m.kind == "learner":
                     res = _run_learner(st, m, configs[m.name], seed, loop=growmem_loop,
                                        checkpoint_every=checkpoint_every, eval_mb_size=eval_mb_size,
