@@ -188,10 +188,10 @@ def online_settings(method: str, stream: str) -> dict:
 
 
 def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None, label=None, progress=False,
-            settings=None, split="test", protocol=PROTOCOL):
+            settings=None, split="test", protocol=PROTOCOL, on_experience=None):
     """Runs of ``method`` on ``stream`` at ``budget`` (bytes) under ``protocol`` (module docstring), tagged
     with the budget and protocol; ``settings``: the method's (tuned) settings; ``split="validation"`` for
-    tuning."""
+    tuning; ``on_experience``: ``run_continual``'s hook (benchmarks/block_drift.py measures the models there)."""
     from growmem.continual.runner import run_continual
 
     if protocol not in PROTOCOLS:
@@ -202,7 +202,7 @@ def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None,
         settings["overrides"] = {**settings.get("overrides", {}), **dict(overrides)}
     doc = run_continual(stream, [method], seeds, budget, online=online, stream_options=options, data_dir=data_dir,
                         method_settings={method: settings}, progress=progress, verbose=False, split=split,
-                        final_only=True)
+                        final_only=True, on_experience=on_experience)
     out = []
     for r in doc["runs"]:
         r = dict(r, budget=int(budget), protocol=protocol, method=label or r["method"], base_method=method)

@@ -441,6 +441,10 @@ class NetworkLearner:
     def __init__(self, trainer, features):
         self.trainer, self._features = trainer, features
 
+    def inputs(self, x) -> np.ndarray:
+        """What the trainer reads for inputs ``x`` (rows of the learner's inputs): the preset's features."""
+        return self._features(x)
+
     def observe(self, x, y) -> dict:
         return self.trainer.step(self._features(x), y)
 
