@@ -128,6 +128,10 @@ TUNE_GRID = {
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
+    # the domain-incremental streams' growmem learner and its controls on the same projections
+    "target:proj_merge": lambda b, s: [{"overrides": {"keys.dim": d}} for d in (50, 75, 100, 150, 200)],
+    "knn:proj": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
+    "er_balanced:proj": lambda b, s: _er_widths(b, "er_balanced:proj"),
 }
 #: the offline protocol's validation grid: replay's epochs per experience (its recipe's default, 2 on
 #: Split-MNIST and 1 on the domain-incremental streams, inside or at the lower edge), extended where its top
@@ -141,6 +145,7 @@ OFFLINE_TUNE_GRID = {
 EDGE_REASONS = {
     "replay_bytes": {"epochs": (1, "one epoch per experience is the fewest an offline run takes")},
     "knn:dct": {"k": (1, "one neighbour is the fewest kNN takes")},
+    "knn:proj": {"k": (1, "one neighbour is the fewest kNN takes")},
 }
 
 PRESETS = {
@@ -392,6 +397,14 @@ def _tuned_entry(method: str, results: list, seed: int, protocol: str) -> dict:
                              if k in EDGE_REASONS.get(method, {}) and chosen[k] == EDGE_REASONS[method][k][0]}}
 
 
+def grids(cfg, stream: str, protocol: str, methods=None) -> dict:
+    """The tuning grids of ``stream``'s methods under ``protocol`` in preset ``cfg`` (of ``methods`` alone, a
+    comma-separated list, if given): a grid is tuned only on the streams whose methods it is."""
+    listed = cfg["methods" if protocol == "online" else "offline_methods"][stream]
+    return {m: g for m, g in (TUNE_GRID if protocol == "online" else OFFLINE_TUNE_GRID).items()
+            if m in listed and (not methods or m in _csv(methods))}
+
+
 def tune(args, cfg, streams, seeds, budgets):
     """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
     out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge.
@@ -409,9 +422,7 @@ def tune(args, cfg, streams, seeds, budgets):
     t0 = time.perf_counter()
     for stream in streams:
         for b in budgets:
-            for m, grid in (TUNE_GRID if args.protocol == "online" else OFFLINE_TUNE_GRID).items():
-                if args.methods and m not in _csv(args.methods):
-                    continue
+            for m, grid in grids(cfg, stream, args.protocol, args.methods).items():
                 results = []
                 before = {json.dumps(r["settings"], sort_keys=True): r for r in
                           doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", [])

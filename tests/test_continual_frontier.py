@@ -356,3 +356,18 @@ def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_ca
     import render
     row = render.render_continual_frontier_tune(json.loads((tmp_path / "continual_frontier_tune.json").read_text()))
     assert ("fewest an offline run takes" in row) == (best["settings"]["epochs"] == 1)
+
+
+def test_each_stream_tunes_the_grids_of_its_own_methods():
+    cf = _frontier()
+    cpu = cf.PRESETS["cpu"]
+    # Split-MNIST's DCT learners are not tuned on the domain-incremental streams, nor theirs on Split-MNIST
+    perm, split = cf.grids(cpu, "permuted_mnist", "online"), cf.grids(cpu, "split_mnist", "online")
+    assert {"target:proj_merge", "knn:proj", "er_balanced:proj", "er_balanced:raw"} == set(perm)
+    assert "target:dct_merge" in split and not {"target:proj_merge", "knn:proj"} & set(split)
+    assert set(cf.grids(cpu, "rotated_mnist", "offline")) == {"replay_bytes"}
+    assert set(cf.grids(cpu, "permuted_mnist", "online", "knn:proj,knn:dct")) == {"knn:proj"}
+    # the key size's grid holds the preset's 100 projections inside it, kNN's k its k = 1 edge (EDGE_REASONS)
+    dims = [p["overrides"]["keys.dim"] for p in perm["target:proj_merge"](1_000_000, "permuted_mnist")]
+    assert min(dims) < 100 < max(dims)
+    assert [p["overrides"]["k"] for p in perm["knn:proj"](3_000_000, "permuted_mnist")] == [1, 3, 5, 10]
