@@ -15,7 +15,8 @@ of every experience ``e <= j``:
 * ``acc_stale`` — the *current* readout over the features the same samples had when their experience
   ended, ``q_e(x)``: what the readout's rows would answer had the block not moved since;
 * ``drift`` — the median relative move of the features, ``|q_j(x) − q_e(x)| / |q_e(x)|``;
-* ``rows`` — the block's and the readout's rows in use, by the experience that appended them.
+* ``rows`` — the block's and the readout's rows in use, by the experience that appended them and by the
+  experience whose classes they hold (self-replay appends rows of earlier classes again).
 
 ``acc_stale − acc_now`` on the earlier experiences, paired by seed (Student t-test at 95 %, else a tie), is
 the accuracy the block's feature drift costs. The readout-only network (``net:readout_replay_dct``: the
@@ -68,6 +69,7 @@ class Probe:
     def __call__(self, info):
         from growmem import layers
         from growmem.continual.fast import materialize
+        from growmem.policies import stored_labels
         from growmem.train import layer_key
 
         learner, stream, j = info["learner"], info["stream"], info["experience"]
@@ -108,13 +110,18 @@ class Probe:
             probes.append({"experience": e, "n": int(len(y)), "acc_now": float((now == y).mean()),
                            "acc_stale": float((then == y).mean()), "drift": float(np.median(move))})
         clocks = self._clock[run]
-        rows = {}
+        rows, by_class = {}, {}
         for k, m in mems.items():
             born = m.rows()["born"]
             edges = [-np.inf] + [c[k] for c in clocks]
             rows[k] = [int(((born > lo) & (born <= hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])]
+            labels = stored_labels((tr.state.policy_state or {}).get(k))
+            if labels is not None:     # self-replay appends rows of earlier classes again: whose rows are kept
+                labels = np.asarray(labels)[:len(born)]
+                by_class[k] = [int(np.isin(labels, np.unique(self._data[(info["seed"], e)][1])).sum())
+                               for e in range(j + 1)]
         self.records.append({"method": info["method"], "seed": info["seed"], "after": j, "probes": probes,
-                             "rows_by_experience": rows})
+                             "rows_by_experience": rows, "rows_by_class_experience": by_class})
 
 
 def summarize(records):
@@ -137,9 +144,10 @@ def summarize(records):
             row[f"{name}_mean"], row[f"{name}_std"] = m["mean"], m["std"]
         row["stale_minus_now"] = {"difference": float(np.mean(np.subtract(stale, now))),
                                   "verdict": compare(stale, now, paired=True)}
-        for layer in finals[0]["rows_by_experience"]:
-            row[f"rows_{layer.split('/')[0]}_by_experience"] = np.mean(
-                [r["rows_by_experience"][layer] for r in finals], axis=0).round(1).tolist()
+        for what in ("rows_by_experience", "rows_by_class_experience"):
+            for layer in finals[0][what]:
+                row[f"{what.replace('rows', 'rows_' + layer.split('/')[0], 1)}"] = np.mean(
+                    [r[what][layer] for r in finals], axis=0).round(1).tolist()
         out[method] = row
     return out
 
@@ -212,7 +220,7 @@ def main(argv=None):
     records.sort(key=lambda r: (METHODS.index(r["method"]), r["seed"], r["after"]))
     runs.sort(key=lambda r: (METHODS.index(r["method"]), r["seed"]))
     command = "python benchmarks/block_drift.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    payload = {"benchmark": "block_drift", "preset": args.preset,
+    payload = {"benchmark": "block_drift", "preset": args.preset, "command": command,
                "commands": old.get("commands", []) + [command],
                "config": {"stream": STREAM, "budget": cfg["budget"], "budget_bytes": budget, "seeds": cfg["seeds"],
                           "stream_options": cfg["options"], "protocol": "online", "split": "validation",

@@ -330,6 +330,28 @@ def render_frontier_findings(doc) -> str:
                   "paired t-test at 95 %"], rows)
 
 
+@renderer("block_drift", "block_drift.json")
+def render_block_drift(doc) -> str:
+    """Per growing network: its accuracy on the earlier experiences over its block's features now and over the
+    features of their own time (the current readout both times), the features' move, the rows left."""
+    cfg = doc["config"]
+    rows = []
+    for m, r in doc["summary"].items():
+        d = r["stale_minus_now"]
+        block = r.get("rows_block_0_by_experience")
+        rows.append([f"`{m}`", f"{r['acc_now_old_mean']:.4f} ± {r['acc_now_old_std']:.4f}",
+                     f"{r['acc_stale_old_mean']:.4f} ± {r['acc_stale_old_std']:.4f}",
+                     f"{d['difference']:+.4f}, {d['verdict']}", f"{r['drift_old_mean']:.3f}",
+                     "–" if block is None else " / ".join(f"{n:.0f}" for n in block),
+                     " / ".join(f"{n:.0f}" for n in r["rows_readout_by_experience"])])
+    head = ["network", "earlier experiences now", "over the features of their time", "difference, paired t-test",
+            "feature move", "block rows by experience", "readout rows by experience"]
+    seeds = ", ".join(map(str, cfg["seeds"]))
+    return (f"\n{cfg['stream']}, {cfg['protocol']}, {mb(cfg['budget_bytes'])} MB, {cfg['split']} split, seeds {seeds} "
+            f"(mean ± std over seeds; after the last experience)\n\n" + table(head, rows)
+            + source("block_drift.json", doc))
+
+
 @renderer("continual_ablation", "continual_ablation.json")
 def render_continual_ablation(doc) -> str:
     out = ""

@@ -39,6 +39,8 @@ def test_the_probes_measure_what_the_run_evaluates_and_the_fixed_features_do_not
             assert own["experience"] == r["after"] and own["drift"] == 0 and own["acc_stale"] == own["acc_now"]
             for layer, rows in r["rows_by_experience"].items():
                 assert len(rows) == r["after"] + 1 and min(rows) >= 0, (layer, rows)
+            for layer, rows in r["rows_by_class_experience"].items():   # rows of each experience's classes
+                assert len(rows) == r["after"] + 1 and sum(rows) <= sum(r["rows_by_experience"][layer]), (layer, rows)
     block = [p for r in doc["records"] if r["method"] == "net:replay_dct" for p in r["probes"][:-1]]
     fixed = [p for r in doc["records"] if r["method"] == "net:readout_replay_dct" for p in r["probes"][:-1]]
     assert block and fixed
@@ -47,7 +49,9 @@ def test_the_probes_measure_what_the_run_evaluates_and_the_fixed_features_do_not
     assert all(p["drift"] == 0 and p["acc_stale"] == p["acc_now"] for p in fixed)
     s = doc["summary"]["net:readout_replay_dct"]
     assert s["drift_old_mean"] == 0 and s["acc_stale_old_mean"] == s["acc_now_old_mean"]
-    assert set(doc["summary"]["net:replay_dct"]) >= {"rows_block_0_by_experience", "rows_readout_by_experience"}
+    assert set(doc["summary"]["net:replay_dct"]) >= {"rows_block_0_by_experience", "rows_readout_by_experience",
+                                                      "rows_readout_by_class_experience"}
+    assert any(r["rows_by_class_experience"] for r in doc["records"] if r["method"] == "net:replay_dct")
     old = np.mean([p["acc_now"] for r in doc["records"] if r["method"] == "net:replay_dct" and r["after"] == 4
                    for p in r["probes"][:-1]])
     assert doc["summary"]["net:replay_dct"]["acc_now_old_mean"] == pytest.approx(old)
