@@ -58,6 +58,17 @@ os.environ["GROWMEM_DATA"] = str(FIXTURE_DATA)
 os.environ["GROWMEM_DATA_CHECKSUMS"] = str(FIXTURE_DATA / "checksums.json")
 
 
+def benchmark(name: str):
+    """``benchmarks/NAME.py`` as a module, loaded afresh (a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).resolve().parents[1] / "benchmarks"
+                                                  / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def real_data_root(name: str = "mnist"):
     """The first folder holding the real ``name`` files (checked against the pinned checksums'
     names, not read), or None."""

@@ -1,26 +1,17 @@
 """benchmarks/block_drift.py: what a growing network's readout answers over its block's features now and
 over the features its samples had when their experience ended (generated MNIST-format data)."""
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import benchmark
+
 pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _block_drift():
-    spec = importlib.util.spec_from_file_location("block_drift", ROOT / "benchmarks" / "block_drift.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_the_probes_measure_what_the_run_evaluates_and_the_fixed_features_do_not_move(tmp_path):
-    bd = _block_drift()
+    bd = benchmark("block_drift")
     doc = bd.main(["--preset", "smoke", "--out", str(tmp_path), "--no-progress"])
     assert json.loads((tmp_path / "block_drift.json").read_text())["summary"] == doc["summary"]
     assert (tmp_path / "block_drift.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -59,5 +50,5 @@ def test_the_probes_measure_what_the_run_evaluates_and_the_fixed_features_do_not
 
 def test_an_unknown_method_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(SystemExit, match="knn:dct"):
-        _block_drift().main(["--preset", "smoke", "--out", str(tmp_path), "--methods", "knn:dct"])
+        benchmark("block_drift").main(["--preset", "smoke", "--out", str(tmp_path), "--methods", "knn:dct"])
     assert not any(tmp_path.iterdir())

@@ -2,7 +2,6 @@
 streams against Avalanche's own classic generators on the same files."""
 import gzip
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -79,12 +78,8 @@ def test_cli_methods_are_the_apis_names_run_as_given(tmp_path):
 
 
 def _bench_module(name="continual"):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import benchmark
+    return benchmark(name)
 
 
 def test_benchmark_smoke_writes_the_summary_of_every_stream_and_method(tmp_path):

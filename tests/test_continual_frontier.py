@@ -9,6 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import benchmark
+
 torch = pytest.importorskip("torch")
 
 from growmem.continual import baselines as B  # noqa: E402
@@ -19,13 +21,7 @@ MEAN, STD = 0.1307, 0.3081
 
 
 def _frontier():
-    """benchmarks/continual_frontier.py as a module (it is a script, not part of the package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("continual_frontier", ROOT / "benchmarks" / "continual_frontier.py")
-    cf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cf)
-    return cf
+    return benchmark("continual_frontier")
 
 
 def _pixels(rng, n, d=784):

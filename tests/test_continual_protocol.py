@@ -1,9 +1,7 @@
 """The continual benchmark's protocol: validation splits, honest method names, bytes as a user stores
 them, budget-matched replay, the baselines' recipes, ties by a Student t-test at 95 %, tuning."""
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +10,6 @@ from growmem import config
 from growmem.continual import methods
 from growmem.continual.errors import UnknownNameError
 from growmem.reporting import compare, mean_std, standard_error_of_difference
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------- ties and verdicts
@@ -217,10 +213,8 @@ def test_gdumb_final_only_trains_the_last_experience_alone_to_the_same_final_mod
 # ----------------------------------------------------------------------------- tuning
 
 def _tune_module():
-    spec = importlib.util.spec_from_file_location("bench_continual_tune", ROOT / "benchmarks" / "continual_tune.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from conftest import benchmark
+    return benchmark("continual_tune")
 
 
 def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
@@ -239,8 +233,7 @@ def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
     assert doc["summary"]["split_mnist"]["ewc"] == doc["streams"]["split_mnist"]["ewc"]["chosen"]
     assert (tmp_path / "continual_tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the benchmark reads the chosen settings back
-    bench_spec = importlib.util.spec_from_file_location("bench_continual2", ROOT / "benchmarks" / "continual.py")
-    bench = importlib.util.module_from_spec(bench_spec)
-    bench_spec.loader.exec_module(bench)
+    from conftest import benchmark
+    bench = benchmark("continual")
     assert bench.tuned_settings(tmp_path / "continual_tune.json", "split_mnist")["knn:dct"] == entry["chosen"]
     assert json.loads((tmp_path / "continual_tune.json").read_text())["seed"] == 0

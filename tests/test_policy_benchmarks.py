@@ -1,17 +1,10 @@
 """Smoke runs of the policy benchmarks (tiny presets; no timing assertions)."""
-import importlib.util
 import json
-from pathlib import Path
-
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _main(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    from conftest import benchmark
+    return benchmark(name).main
 
 
 def _read(out, name):
