@@ -338,14 +338,15 @@ def render_block_drift(doc) -> str:
     rows = []
     for m, r in doc["summary"].items():
         d = r["stale_minus_now"]
-        block = r.get("rows_block_0_by_experience")
+        counts = lambda key: "–" if key not in r else " / ".join(f"{n:.0f}" for n in r[key])  # noqa: E731
         rows.append([f"`{m}`", f"{r['acc_now_old_mean']:.4f} ± {r['acc_now_old_std']:.4f}",
                      f"{r['acc_stale_old_mean']:.4f} ± {r['acc_stale_old_std']:.4f}",
-                     f"{d['difference']:+.4f}, {d['verdict']}", f"{r['drift_old_mean']:.3f}",
-                     "–" if block is None else " / ".join(f"{n:.0f}" for n in block),
-                     " / ".join(f"{n:.0f}" for n in r["rows_readout_by_experience"])])
+                     f"{d['difference']:+.4f}, {d['verdict']}", f"{r['drift_old_mean']:.3f} ± {r['drift_old_std']:.3f}"]
+                    + [counts(f"rows_{layer}_by_{what}") for layer in ("block_0", "readout")
+                       for what in ("experience", "class_experience")])
     head = ["network", "earlier experiences now", "over the features of their time", "difference, paired t-test",
-            "feature move", "block rows by experience", "readout rows by experience"]
+            "feature move", "block rows: appended in experience 1, 2, …", "block rows: of experience 1, 2, …'s classes",
+            "readout rows: appended in", "readout rows: of the classes of"]
     seeds = ", ".join(map(str, cfg["seeds"]))
     return (f"\n{cfg['stream']}, {cfg['protocol']}, {mb(cfg['budget_bytes'])} MB, {cfg['split']} split, seeds {seeds} "
             f"(mean ± std over seeds; after the last experience)\n\n" + table(head, rows)
