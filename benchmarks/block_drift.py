@@ -186,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--preset", choices=sorted(PRESETS), default="smoke")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (or set GROWMEM_DATA)")
+    ap.add_argument("--tuned", type=Path, default=RESULTS / "continual_frontier_tune.json",
+                    help="the frontier's tuning file: the settings chosen on validation at the budget")
     ap.add_argument("--methods", default=None, help="comma-separated subset of the preset's methods")
     ap.add_argument("--merge", action="store_true", help="add these runs to the block_drift.json in --out "
                                                          "(replacing the same method and seed)")
@@ -201,7 +203,7 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"unknown method(s) {bad}: this diagnostic measures the growing networks {', '.join(METHODS)}")
     budget = byte_budget(cfg["budget"])
-    tuned = cf.chosen_settings(args.out / "continual_frontier_tune.json").get(STREAM, {}).get(str(budget), {})
+    tuned = cf.chosen_settings(args.tuned).get(STREAM, {}).get(str(budget), {})
     path = args.out / "block_drift.json"
     old = json.loads(path.read_text()) if args.merge and path.is_file() else {}
     t0 = time.perf_counter()
@@ -224,7 +226,8 @@ def main(argv=None):
                "commands": old.get("commands", []) + [command],
                "config": {"stream": STREAM, "budget": cfg["budget"], "budget_bytes": budget, "seeds": cfg["seeds"],
                           "stream_options": cfg["options"], "protocol": "online", "split": "validation",
-                          "settings": {m: tuned.get(m) for m in methods}},
+                          "settings": {**old.get("config", {}).get("settings", {}), **{m: tuned.get(m) for m in methods}},
+                          "tuned": str(args.tuned) if args.tuned.is_file() else None},
                "summary": summarize(records), "records": records, "runs": runs, "seconds": time.perf_counter() - t0,
                "load_average_after": list(os.getloadavg())}
     out = write_json(path, payload)
