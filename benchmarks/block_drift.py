@@ -156,7 +156,7 @@ def plot(payload, path):
     from growmem.reporting import pyplot, save_figure
 
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 5))
     for i, method in enumerate(payload["summary"]):
         recs = [r for r in payload["records"] if r["method"] == method and r["after"] > 0]
         afters = sorted({r["after"] for r in recs})
@@ -168,11 +168,12 @@ def plot(payload, path):
         ys = [np.mean([np.mean([p["drift"] for p in r["probes"] if p["experience"] < j])
                        for r in recs if r["after"] == j]) for j in afters]
         b.plot([j + 1 for j in afters], ys, color=f"C{i}", marker="o", label=method)
-    a.set_xlabel("after experience")
+    for ax in (a, b):
+        ax.set_xlabel("after experience")
+        ax.xaxis.get_major_locator().set_params(integer=True)
     a.set_ylabel("accuracy on the earlier experiences")
-    a.legend(fontsize=6)
-    b.set_xlabel("after experience")
-    b.set_ylabel("median |q_now − q_then| / |q_then| (readout queries)")
+    a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.15), ncol=2)
+    b.set_ylabel("feature move: median |q_now − q_then| / |q_then|")
     b.legend(fontsize=7)
     fig.suptitle(f"{payload['config']['stream']}, online, {payload['config']['budget']}, validation split, "
                  f"mean over seeds", fontsize=9)
