@@ -194,6 +194,8 @@ def main(argv=None):
                                                          "(replacing the same method and seed)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    from growmem.runtime import compilation_cache
+    compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
     from growmem.reporting import write_json
     from growmem.units import byte_budget

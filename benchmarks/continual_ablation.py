@@ -121,6 +121,8 @@ def main(argv=None):
                          "and seed) and summarise all of them")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    from growmem.runtime import compilation_cache
+    compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
     from growmem.continual.runner import run_continual
     from growmem.reporting import write_json

@@ -487,6 +487,8 @@ def main(argv=None):
                     help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise; "
                          "with --tune, these continual_frontier_tune.json files")
     args = ap.parse_args(argv)
+    from growmem.runtime import compilation_cache
+    compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
     from growmem.units import parse_size
     from growmem.reporting import RULE, write_json

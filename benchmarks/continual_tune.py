@@ -142,6 +142,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    from growmem.runtime import compilation_cache
+    compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
     from growmem.continual.methods import resolve
     from growmem.continual.runner import run_continual

@@ -24,6 +24,10 @@ tunable is read only at process start, so the function re-executes the same comm
 it set — the commands above call it first, before any work; a library user sets the variable
 in the shell instead (``GROWMEM_MALLOC=system`` opts out of both settings).
 
+:func:`compilation_cache`: JAX's persistent compilation cache for the process, so a program compiled once —
+a train step of one shape — is loaded from disk by the next seed, method or process instead of compiled
+again (the continual benchmarks call it: the same executable, the same results).
+
 :func:`allgather_json`: small JSON values (row counts, checksums, tier references) exchanged between the
 processes of a distributed run — the one way the backends and the checkpointer share host metadata.
 """
@@ -34,6 +38,7 @@ import ctypes.util
 import os
 import platform
 import sys
+from pathlib import Path
 from typing import Dict, Optional
 
 #: mallopt parameters (glibc's malloc.h)
@@ -141,3 +146,39 @@ def allgather_json(value) -> list:
     client.key_value_set(f"growmem/allgather/{n}/{me}", json.dumps(value))
     return [json.loads(client.blocking_key_value_get(f"growmem/allgather/{n}/{i}", ALLGATHER_TIMEOUT_MS))
             for i in range(jax.process_count())]
+
+
+#: the largest a cache of compiled programs made by :func:`compilation_cache` grows (JAX evicts the least
+#: recently used programs past it)
+CACHE_BYTES = 2 * 1024 ** 3
+
+
+def compilation_cache(folder=None, max_bytes: int = CACHE_BYTES) -> Optional[Path]:
+    """Turn on JAX's persistent compilation cache in this process; returns its folder (None: off).
+
+    A cache the user set up (``$JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``) is left as it is
+    and returned. Else ``folder``, else ``$GROWMEM_XLA_CACHE``, else ``$XDG_CACHE_HOME/growmem/xla``
+    (``~/.cache/growmem/xla``); ``GROWMEM_XLA_CACHE=off`` turns it off. Every compiled program is kept, up to
+    ``max_bytes`` (JAX's least-recently-used eviction, under a file lock so processes may share the folder;
+    without the ``filelock`` package the cache stays off)."""
+    import jax
+
+    own = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
+    if own:
+        return Path(own)
+    chosen = folder or os.environ.get("GROWMEM_XLA_CACHE")
+    if str(chosen).lower() == "off":
+        return None
+    try:
+        import filelock  # noqa: F401  (JAX's eviction locks the folder with it)
+    except ImportError:
+        return None
+    if not chosen:
+        chosen = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "growmem" / "xla"
+    path = Path(chosen).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", int(max_bytes))
+    return path
