@@ -113,6 +113,21 @@ def test_policy_entries_naming_a_layer_apply_to_that_layer_only():
     assert born.max() < last - 2, (born, last)
     # the readout evicts the oldest rows of its largest class: it holds the newest step's rows
     assert int(np.asarray(mems[("readout",)].born[:24]).max()) == last
+    # replay_dct_freeze_block: the same block rejects rows once full; its rows stay those of the first steps,
+    # bit for bit, while the readout goes on turning over
+    frozen = with_row_cap(config.load("replay_dct_freeze_block"), 24)
+    assert repr(frozen.policies()("block_0")) == repr(P.chain(P.labels(), P.capacity(24, "reject")))
+    tr = frozen.trainer(x[:16], d_out=4)
+    tr.step(x[:16], y[:16])
+    tr.step(x[16:32], y[16:32])
+    full = np.asarray(tr.memories()[("block_0",)].k[:24]).copy()
+    for i in range(32, 160, 16):
+        tr.step(x[i:i + 16], y[i:i + 16])
+    mems = tr.memories()
+    assert tr.rows_in_use() == {"block_0": 24, "readout": 24}
+    assert np.array_equal(np.asarray(mems[("block_0",)].k[:24]), full)
+    assert int(np.asarray(mems[("block_0",)].born[:24]).max()) <= 2
+    assert int(np.asarray(mems[("readout",)].born[:24]).max()) == int(mems[("readout",)].t)
     # a cap for one layer only: the other layer gets one of its own under a budget
     only_block = dataclasses.replace(pre, policy_entries=pre.policy_entries[:2])
     added = with_row_cap(only_block, 24, "evict_oldest").policy_entries[-1]
