@@ -69,7 +69,7 @@ from . import memory as memlib
 from . import nadaraya
 from .errors import ConfigError
 from .keyspaces import Identity, KeySpace
-from .reservoir import Slots
+from .reservoir import Slots, rng_state, set_rng_state
 from .units import byte_budget
 
 #: how kNN may store its keys
@@ -207,14 +207,18 @@ class _OrderFree:
     def state(self) -> Dict[str, np.ndarray]:
         """Everything needed to resume exactly, as numpy arrays (at their stored dtypes)."""
         st = {"counts": np.asarray([self.counts[k] for k in _COUNTS], np.int64),
-              "rng": np.frombuffer(repr(self.rng.bit_generator.state).encode(), np.uint8), **self._arrays()}
+              "rng": rng_state(self.rng), **self._arrays()}
         for name, a in self.keys.state().items():
             st[f"keys_{name}"] = np.asarray(a)
         return st
 
     def load_state(self, st: Dict[str, np.ndarray]) -> None:
         self.counts = dict(zip(_COUNTS, (int(c) for c in st["counts"])))
-        self.rng.bit_generator.state = ast.literal_eval(bytes(np.asarray(st["rng"], np.uint8)).decode())
+        rng = np.asarray(st["rng"])
+        if rng.dtype == np.uint8:        # a checkpoint of an earlier growmem: the generator's state as text
+            self.rng.bit_generator.state = ast.literal_eval(bytes(rng).decode())
+        else:
+            set_rng_state(self.rng, rng)
         self.keys.load_state({k[len("keys_"):]: v for k, v in st.items() if k.startswith("keys_")})
         self._load_arrays(st)
 

@@ -28,6 +28,27 @@ from typing import Dict, Optional
 import numpy as np
 
 POLICIES = ("reservoir", "balanced")
+_WORD = (1 << 64) - 1
+
+
+def rng_state(rng: np.random.Generator) -> np.ndarray:
+    """The state of a PCG64 ``numpy`` generator (``default_rng``'s) as six uint64 words — state, increment
+    (128 bits each, high word first), ``has_uint32``, ``uinteger`` — an array a checkpoint stores as it
+    stores any other (:func:`set_rng_state` reads it back)."""
+    st = rng.bit_generator.state
+    if st.get("bit_generator") != "PCG64":
+        raise ValueError(f"rng_state saves PCG64 generators (np.random.default_rng), not {st.get('bit_generator')}")
+    s, inc = int(st["state"]["state"]), int(st["state"]["inc"])
+    return np.asarray([s >> 64, s & _WORD, inc >> 64, inc & _WORD, st["has_uint32"], st["uinteger"]], np.uint64)
+
+
+def set_rng_state(rng: np.random.Generator, words) -> None:
+    """Put the state :func:`rng_state` returned back into ``rng`` (a PCG64 generator): it draws on from there."""
+    w = [int(x) for x in np.asarray(words, np.uint64).reshape(-1)]
+    if len(w) != 6:
+        raise ValueError(f"a PCG64 state is 6 uint64 words, got {len(w)}")
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+                               "has_uint32": w[4], "uinteger": w[5]}
 
 
 class Slots:

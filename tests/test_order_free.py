@@ -359,3 +359,19 @@ def test_describe_names_the_model_and_its_settings():
     assert (d["model"], d["k"], d["metric"], d["row_dtype"], d["stored"], d["keys"]["name"]) == \
         ("knn", 4, "cosine", "bfloat16", 20, "identity")
     assert of.SLDA(_raw(), C, shrinkage=0.2).describe()["shrinkage"] == 0.2
+
+
+def test_a_state_saved_with_the_generator_as_text_by_an_earlier_growmem_still_resumes_exactly():
+    x, y = _data(400, seed=5)
+    a = _feed(of.KNN(_raw(), C, budget_bytes=100 * (2 * D + 1), seed=3), x[:200], y[:200], [40])
+    st = {k: v.copy() for k, v in a.state().items()}
+    assert st["rng"].dtype == np.uint64 and st["rng"].shape == (6,)
+    st["rng"] = np.frombuffer(repr(a.rng.bit_generator.state).encode(), np.uint8)   # the earlier format
+    st["rows_k"] = st["rows_k"].view(np.dtype("V2"))
+    b = of.KNN(_raw(), C, budget_bytes=100 * (2 * D + 1), seed=99)
+    b.load_state(st)
+    _feed(a, x[200:], y[200:], [40])
+    _feed(b, x[200:], y[200:], [40])
+    assert a.counts == b.counts and a.counts["evicted"] > 0
+    sa, sb = a.state(), b.state()
+    assert all(np.array_equal(sa[k], sb[k]) for k in sa)
