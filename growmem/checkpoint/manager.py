@@ -615,6 +615,23 @@ class Checkpointer:
         self.read_arrays(step, meta, {s["global"]: host for s in _slots(meta) if "global" in s})
         return step
 
+    def restore_leaves(self, step: Optional[int] = None, *, config=None) -> Restored:
+        """A checkpoint of host arrays of any shapes (``save({path: array, ...})``: a model with no template to
+        restore into) read back by path: ``Restored.state`` is ``{path: numpy array}``, given only after
+        ``config`` matched the saved one (:class:`ConfigMismatchError`) and every checksum did."""
+        step = self._pick(step)
+        meta = self.read_meta(step)
+        if config is not None and meta.get("config") is not None:
+            diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
+            if diffs:
+                raise ConfigMismatchError(f"checkpoint step {step} in {self.directory} was written with a different "
+                                          f"config: " + "; ".join(diffs))
+        arrays = self.read_arrays(step, meta)
+        state = {entry["path"]: arrays[entry["host"]] for entry in meta["leaves"]}
+        return Restored(step=step, state=state, rng=None, data_position=meta.get("data_position"),
+                        config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
+                        stores={})
+
     def restore(self, trainer=None, step: Optional[int] = None, *, config=None,
                 stores: Optional[Mapping[str, Any]] = None, verify: bool = True) -> Restored:
         """Restore a checkpoint (latest by default) into ``trainer``.

@@ -43,24 +43,19 @@ values ``benchmarks/continual_tune.py`` chose on each stream's validation split,
 ``benchmarks/results/continual_tune.json``, as ``settings``). ``settings`` passed to
 :func:`make_baseline` override all three.
 
-**Resume.** After each experience (and its evaluation) :func:`save_state` pickles the model,
-the optimizer and the strategy's plugins (EWC's importances, LwF's previous model, the replay
-and GDumb buffers...) and the strategy-specific data (Cumulative's dataset); the stream's
-underlying datasets are pickled *by reference* (``persistent_id``) and re-attached to the same
-stream rebuilt from its seed by :func:`load_state`. A run killed during an experience restarts
-that experience from the state saved after the previous one (and the torch RNG is re-seeded
-from ``(seed, experience)`` before every experience), so it ends with the same results.
-``joint`` trains once on everything: killed, it starts over.
+**Resume.** After each experience (and its evaluation) a continual run saves the strategy's learning
+state — the model, the optimizer, the plugins' state (EWC's importances, LwF's previous model, the replay
+and GDumb buffers as places in the stream...) and Cumulative's dataset — through growmem's ``Checkpointer``
+(:mod:`growmem.continual.baseline_state`), and puts it back into a strategy built afresh on the same stream
+rebuilt from its seed. A run killed during an experience restarts that experience from the state saved
+after the previous one (and the torch RNG is re-seeded from ``(seed, experience)`` before every
+experience), so it ends with the same results. ``joint`` trains once on everything: killed, it starts over.
 """
 from __future__ import annotations
 
 import hashlib
 import math
-import os
-import pickle
 import re
-import tempfile
-from pathlib import Path
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -225,9 +220,6 @@ class OnlineReplay(SupervisedPlugin):
     @property
     def seen(self) -> int:
         return self.slots.seen
-
-    def __getstate__(self):                # a saved strategy keeps the buffer, not the evaluation cache
-        return {**self.__dict__, "_eval_codes": {}, "_incoming": None}
 
     # --------------------------------------------------------------- what is stored
     def _inputs(self, x: torch.Tensor) -> torch.Tensor:
@@ -471,93 +463,3 @@ def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional
         out.update(lwf_alpha=lwf_alphas(stream.n_experiences) if s["lwf_alpha"] is None else s["lwf_alpha"],
                    lwf_temperature=s["lwf_temperature"])
     return out
-
-
-# ----------------------------------------------------------------------------- resume
-
-def leaf_datasets(benchmark) -> list:
-    """The underlying (non-Avalanche) datasets of every experience of the benchmark, in a
-    deterministic order: what :func:`save_state` pickles by reference."""
-    out, seen = [], set()
-
-    def walk(ds):
-        subs = getattr(ds, "_datasets", None)  # Avalanche datasets and their flat-data nodes
-        if isinstance(subs, (list, tuple)):
-            for d in subs:
-                walk(d)
-        elif id(ds) not in seen:
-            seen.add(id(ds))
-            out.append(ds)
-
-    for stream_name in ("train_stream", "test_stream"):
-        for exp in getattr(benchmark, stream_name):
-            walk(exp.dataset)
-    return out
-
-
-class _RefPickler(pickle.Pickler):
-    def __init__(self, f, refs):
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
-        self._refs = {id(d): i for i, d in enumerate(refs)}
-
-    def persistent_id(self, obj):
-        i = self._refs.get(id(obj))
-        return None if i is None else ("growmem-continual-dataset", i)
-
-
-class _RefUnpickler(pickle.Unpickler):
-    def __init__(self, f, refs):
-        super().__init__(f)
-        self._list = refs
-
-    def persistent_load(self, pid):
-        tag, i = pid
-        if tag != "growmem-continual-dataset" or i >= len(self._list):
-            raise pickle.UnpicklingError(f"checkpoint refers to dataset #{i} that the rebuilt stream does not have "
-                                         f"(it holds {len(self._list)}): the stream differs from the saved run's")
-        return self._list[i]
-
-
-def _strategy_parts(strategy) -> dict:
-    from avalanche.training.plugins import EvaluationPlugin
-
-    # the evaluator (loggers, metric state) and run-time helpers (progress bars) are not learning state
-    plugins = {i: p for i, p in enumerate(strategy.plugins)
-               if not isinstance(p, EvaluationPlugin) and not getattr(p, "transient", False)}
-    parts = {"model": strategy.model, "optimizer": strategy.optimizer, "plugins": plugins}
-    for attr in ("dataset", "optimized_param_id"):  # Cumulative's data; the optimizer's param bookkeeping
-        if hasattr(strategy, attr):
-            parts[attr] = getattr(strategy, attr)
-    return parts
-
-
-def save_state(strategy, path, benchmark, extra: Optional[dict] = None):
-    """Pickle the strategy's learning state to ``path`` atomically (temp file + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            _RefPickler(f, leaf_datasets(benchmark)).dump({"parts": _strategy_parts(strategy), "extra": extra})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def load_state(strategy, path, benchmark) -> Optional[dict]:
-    """Install the state saved by :func:`save_state` into a freshly built ``strategy`` (same
-    baseline, same stream); returns the saved ``extra``."""
-    with open(path, "rb") as f:
-        doc = _RefUnpickler(f, leaf_datasets(benchmark)).load()
-    parts = doc["parts"]
-    strategy.model = parts["model"]
-    strategy.optimizer = parts["optimizer"]
-    for i, p in parts["plugins"].items():
-        strategy.plugins[i] = p
-        if type(p).__name__ == "Clock":
-            strategy.clock = p
-    for attr in ("dataset", "optimized_param_id"):
-        if attr in parts:
-            setattr(strategy, attr, parts[attr])
-    return doc.get("extra")

@@ -408,26 +408,14 @@ class GrowmemLearner:
 
 def _restore_by_path(learner, checkpointer, meta, config):
     """The saved arrays read by path into each task model's ``load_state``, after the config check."""
-    from growmem.checkpoint import ConfigMismatchError, Restored
-    from growmem.checkpoint.manager import diff
-
-    step = int(meta["step"])
-    if config is not None and meta.get("config") is not None:
-        import json
-        diffs = diff(meta["config"], json.loads(json.dumps(config, default=repr)))
-        if diffs:
-            raise ConfigMismatchError(f"checkpoint step {step} in {checkpointer.directory} was written with a "
-                                      f"different config: " + "; ".join(diffs))
-    arrays = checkpointer.read_arrays(step, meta)
+    r = checkpointer.restore_leaves(int(meta["step"]), config=config)
     states: Dict[str, dict] = {}
-    for entry in meta["leaves"]:
-        task, _, name = entry["path"].partition("/")
-        states.setdefault(task, {})[name] = arrays[entry["host"]]
+    for path, a in r.state.items():
+        task, _, name = path.partition("/")
+        states.setdefault(task, {})[name] = a
     for key, m in learner.trainers.items():
         m.load_state(states[key])
-    return Restored(step=step, state=None, rng=None, data_position=meta.get("data_position"),
-                    config=meta.get("config"), policy=meta.get("policy"), extra=meta.get("extra"), meta=meta,
-                    stores={})
+    return r
 
 
 class NetworkLearner:

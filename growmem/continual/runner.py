@@ -34,6 +34,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from growmem.errors import CheckpointError
+
 from .errors import ConfigError, require_avalanche, unknown
 
 require_avalanche()
@@ -42,6 +44,7 @@ import torch  # noqa: E402
 from avalanche.core import SupervisedPlugin  # noqa: E402
 from avalanche.evaluation.metrics import ElapsedTime  # noqa: E402
 
+from . import baseline_state as BS  # noqa: E402
 from . import baselines as B  # noqa: E402
 from .budgets import baseline_settings_for, sample_bytes_of  # noqa: E402
 from .fast import FastLoop  # noqa: E402
@@ -340,6 +343,8 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
 def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, run_dir, resume, settings,
                   progress: bool, loggers, on_batch, on_experience, sample_bytes: Optional[int],
                   final_only: bool = False) -> dict:
+    from growmem.checkpoint import Checkpointer
+
     prog = _Progress()
     settings = baseline_settings_for(method, stream, dict(settings or {}), budget, sample_bytes)
     strategy = B.make_baseline(method.name, stream, seed=seed,
@@ -349,18 +354,25 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
     config = dict(B.describe(method.name, stream, epochs, settings), sample_bytes=sample_bytes,
                   torch_threads=torch.get_num_threads())
     results, start, resumed = _new_results(), 0, False
-    state_path = None if run_dir is None else run_dir / "state.pkl"
-    if resume and state_path is not None and state_path.exists():
-        extra = B.load_state(strategy, state_path, stream.benchmark)
-        results, start, resumed = extra["results"], extra["exp"] + 1, True
-        mm.recorder.records = list(results["bytes"])
-    n_exp = stream.n_experiences
     joint = method.name == "joint"
+    n_exp = stream.n_experiences
+    exps = [stream.train_stream[e] for e in range(n_exp)]
+    ck = None
+    if run_dir is not None and not joint:      # joint trains once on everything: killed, it starts over
+        if (run_dir / "state.pkl").exists():
+            raise CheckpointError(f"{run_dir} holds a baseline saved by an earlier growmem as a pickle, which is no "
+                                  f"longer read: start the run again in another --checkpoint-dir")
+        BS.tag_samples(exps)                   # a buffer is saved as the places of its samples in the stream
+        ck = Checkpointer(run_dir / "ckpt", keep=2)
+    checked = {k: v for k, v in config.items() if k != "torch_threads"}   # what a resume must match
+    if resume and ck is not None and ck.latest_step() is not None:
+        r = ck.restore_leaves(config=checked)
+        BS.load_strategy_state(strategy, r.state, r.extra["baseline"], exps)
+        results, start, resumed = r.extra["results"], r.extra["exp"] + 1, True
+        mm.recorder.records = list(results["bytes"])
     final_only = final_only and method.name in B.RETRAINS_FROM_SCRATCH and not joint   # its last model alone counts
     config["evaluated"] = "final" if final_only else "every experience"
-    units = [(None, stream.train_stream)] if joint else [(e, stream.train_stream[e]) for e in range(start, n_exp)]
-    if joint and start > 0:
-        units = []
+    units = [(None, stream.train_stream)] if joint else [(e, exps[e]) for e in range(start, n_exp)]
 
     def train(e, unit):
         label = "all" if joint else f"{e + 1}/{n_exp}"
@@ -379,14 +391,19 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
         return (None if skip else train_metrics), mm.records[-1]
 
     def after(e):
-        if state_path is not None and not joint:
-            B.save_state(strategy, state_path, stream.benchmark, extra={"exp": e, "results": results})
+        if ck is not None:
+            arrays, doc = BS.strategy_state(strategy, e + 1)
+            ck.save(arrays, e + 1, config=checked, extra={"exp": e, "results": results, "baseline": doc})
         if on_experience is not None:
             on_experience({"method": method.name, "seed": seed, "experience": e, "stream": stream,
                            "strategy": strategy})
 
-    _experience_loop(results, units, n_exp, train=train, evaluate=lambda: strategy.eval(stream.test_stream),
-                     after=after, prequential=config["epochs"] == 1)   # one pass: Avalanche's accuracy is prequential
+    try:
+        _experience_loop(results, units, n_exp, train=train, evaluate=lambda: strategy.eval(stream.test_stream),
+                         after=after, prequential=config["epochs"] == 1)   # one pass: Avalanche's accuracy is prequential
+    finally:
+        if ck is not None:
+            ck.close()
     return _finish(results, stream=stream, method=method, seed=seed, config=config, budget=budget,
                    square=not (joint or final_only), resumed=resumed)
 
