@@ -327,6 +327,8 @@ def test_baselines_get_a_head_per_task_on_a_task_incremental_stream(tmp_path):
     resumed.train(exps[1])
     assert len(after) == 2 and all(0 <= a <= 1 for a in after)
     assert sorted(resumed.model.classifier.classifiers) == ["0", "1"]  # one head per task label
+    with pytest.raises(errors.ConfigError, match="GDumb's MLP ends in batch norm"):   # not a traceback
+        B.make_baseline("gdumb", st, seed=0, evaluator=make_evaluator(), epochs=1)
 
 
 def test_online_stream_without_task_boundaries_trains_like_the_whole_experience():

@@ -317,6 +317,9 @@ def make_model(stream, settings: Optional[dict] = None):
 
     s = {**SETTINGS, **(settings or {})}
     if s["model"] == "gdumb_mlp":
+        if stream.task_incremental:
+            raise ConfigError("GDumb's MLP ends in batch norm, which Avalanche's heads per task (as_multitask) "
+                              "cannot split: run gdumb on a stream without task labels")
         model = GDumbMLP(stream.input_size, stream.n_classes, s["hidden_size"])
     elif s["model"] == "simple_mlp":
         model = SimpleMLP(num_classes=stream.n_classes, input_size=s.get("input_size", stream.input_size),
