@@ -244,3 +244,29 @@ def test_every_loop_that_steps_a_learner_is_fit_or_named_in_the_architecture_pag
     assert "train.fit" in found and listed, (found, listed)         # the scan and the table are not vacuous
     assert found - listed == set(), f"loops stepping a learner outside train.fit, not in the page: {found - listed}"
     assert listed - found == set(), f"the page lists loops that are gone: {listed - found}"
+
+
+#: the modules that may import pickle, and why (the architecture page's "Saving a run's state")
+PICKLE_READERS = {"growmem.data.datasets": "reads CIFAR's published pickles with an unpickler that builds numpy "
+                                          "arrays only, after their checksums"}
+
+
+def test_state_is_saved_through_the_checkpointer_and_no_module_pickles_it():
+    """One way to save a run's state: growmem's Checkpointer (Orbax, host arrays with checksums). A module
+    importing pickle (or torch.save / joblib, which pickle) outside PICKLE_READERS fails here."""
+    offenders = []
+    for name, path in sorted(_modules().items()):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(m.split(".")[0] in ("pickle", "cPickle", "dill", "joblib", "cloudpickle") for m in mods) \
+                    and name not in PICKLE_READERS:
+                offenders.append(f"{name}: imports {mods}")
+            if isinstance(node, ast.Attribute) and node.attr in ("save", "load") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "torch":
+                offenders.append(f"{name}: torch.{node.attr} (a pickle) at line {node.lineno}")
+    assert offenders == [], offenders
+    assert set(PICKLE_READERS) <= set(_modules())          # each named reader exists (not vacuous)
+    page = (ROOT.parent / "docs" / "architecture.md").read_text()
+    assert "## Saving a run's state" in page and all(f"`{m.split('.', 1)[1]}`" in page for m in PICKLE_READERS)
