@@ -56,11 +56,11 @@ import numpy as np  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import _common  # noqa: E402
-from growmem import config, native, policies  # noqa: E402
+from growmem import config, native  # noqa: E402
 from growmem import memory as memlib  # noqa: E402
 from growmem.data import mnist  # noqa: E402
 from growmem.runtime import exec_with_huge_pages, keep_freed_memory  # noqa: E402
-from growmem.train import memories, set_memories  # noqa: E402
+from growmem.train import set_memories  # noqa: E402
 
 NAME = "single_pass"
 GB = 1e9

@@ -144,7 +144,7 @@ def _make_task(name: str, args) -> _Task:
         raise UsageError(f"--task mnist: {' '.join(str(e).split())}")
     # RMS-normalised images (‖x‖ = √d), the residual stream's scale in the paper's setting
     x, xt = (a / np.sqrt(np.mean(a * a, axis=1, keepdims=True)) for a in (x, xt))
-    n, b = len(x), args.batch_size
+    n = len(x)
 
     def batch(step: int, size: int):
         # epoch-wise reshuffled order, a pure function of (seed, epoch): resumable

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union

@@ -28,7 +28,7 @@ budgets count it, and saves / restores it as a dict of numpy arrays.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp

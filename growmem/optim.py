@@ -36,7 +36,7 @@ Every optimizer returned by :func:`make` accepts (and the optax ones ignore) ``l
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Tuple
 
 import flax.linen as nn
 import jax

@@ -20,7 +20,7 @@ saves and restores stores by name (``save(..., stores={"mem": store})``).
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional
+from typing import Dict
 
 import jax
 import jax.numpy as jnp

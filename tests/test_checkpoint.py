@@ -292,7 +292,6 @@ def test_inspect_and_export_give_rows_in_plain_numpy(tmp_path):
 def test_set_state_resets_row_bounds():
     """A state installed with Trainer.set_state whose memory is fuller than the trainer's
     bookkeeping believes must still get room before the next step (no row dropped)."""
-    import jax
     import numpy as np
     from growmem import GrowingSpec, Trainer
     from growmem.layers import GrowingLayer

@@ -3,7 +3,6 @@ import json
 import re
 
 import numpy as np
-import pytest
 
 from growmem import cli
 

@@ -8,7 +8,6 @@
 (c) RBF (Alg. 5): a growing RBF layer trained by Trainer equals functional gradient
     descent written independently in numpy.
 """
-import itertools
 
 import jax
 import jax.numpy as jnp

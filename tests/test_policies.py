@@ -8,10 +8,9 @@ import pytest
 
 from growmem import memory as memlib
 from growmem import policies as P
-from growmem import kernels
 from growmem.layers import GrowingSpec, ResidualGrowingNet
 from growmem.rules import Rows
-from growmem.train import Trainer, squared_error
+from growmem.train import Trainer
 
 
 jstep = jax.jit(P.step, static_argnums=0)

@@ -6,9 +6,7 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from growmem.data.teacher_student import TeacherStudent
 

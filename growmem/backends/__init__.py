@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

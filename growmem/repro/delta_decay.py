@@ -22,7 +22,7 @@ import flax.linen as nn
 import numpy as np
 
 from . import core, runs
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 
 #: "significantly improves": more than this many accuracy points over plain SGD
 MIN_GAIN = 0.005

@@ -26,7 +26,7 @@ from .. import config
 from ..layers import ResidualGrowingNet
 from ..train import NonFiniteLossError, Trainer
 from . import core, runs, temperature as tm
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 
 #: a drop larger than this counts as "severe" (Fig. 3/Right)
 SEVERE_DROP = 0.10
@@ -117,7 +117,7 @@ def run(ctx: Context, cfg: dict) -> dict:
         t_in = max(inner, key=lambda t: mean(acc[deepest][t]))
         claims["temperature_non_monotonic"] = core.ordering(
             {t: acc[deepest][t] for t in grid_T}, [t_in], [grid_T[0], grid_T[-1]],
-            claim=f"the deepest net's best interior T beats both ends of the T grid")
+            claim="the deepest net's best interior T beats both ends of the T grid")
     claims["linearisation_severe"] = core.combine(
         [core.beats(acc[L][best_T[L]], lin[L][best_T[L]], margin=SEVERE_DROP, names=(f"L={L}", f"L={L} linearised"))
          for L in acc], claim="replacing exp by 1 + a after training costs more than 10 points at every depth",

@@ -29,7 +29,7 @@ from .. import config, policies
 from ..layers import ResidualGrowingNet
 from ..train import Trainer
 from . import core, runs
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 
 GOAL_CAPACITY, GOAL_POINTS = 0.20, 0.02
 

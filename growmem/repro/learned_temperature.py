@@ -25,7 +25,7 @@ import optax
 
 from ..train import Trainer
 from . import core, runs, temperature as tm
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 from .depth_temperature import train_ws, ws_spec
 
 TOLERANCE = 0.005

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import core, runs
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 
 GROWING = ("weighted_softmax", "rbf")
 OPTIMIZERS = ("sgd", "adam", "rmsprop", "muon", "mesa", "delta")

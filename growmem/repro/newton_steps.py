@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import optim
 from . import core, runs
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 
 STEPS = ("1", "5", "10", "exact")
 TOLERANCE = 0.005

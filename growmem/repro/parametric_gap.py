@@ -23,7 +23,7 @@ import optax
 from ..layers import ParametricSoftmax, ResidualGrowingNet
 from ..train import Trainer
 from . import core, runs
-from .core import Context, Experiment, images_for
+from .core import Context, Experiment
 from .depth_temperature import ws_spec
 
 PRESETS = {
