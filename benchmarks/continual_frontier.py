@@ -19,7 +19,11 @@ reported is the final accuracy, the mean over the test experiences.
   Ward merges, class-balanced), ``target:dct`` (the shipped preset: the most redundant rows are
   evicted), ``net:replay_dct`` (a growing network: error-driven rows in a residual block and the readout,
   self-replay of its rows), ``net:readout_replay_dct`` (the same without the block: error-driven rows in the
-  readout alone, on the fixed DCT keys);
+  readout alone, on the fixed DCT keys), and that readout with one more of growmem's policies —
+  ``net:readout_replay_dct_novelty`` (Alg. 4's novelty test: a row enters only farther than τ from every
+  stored one), ``net:readout_replay_dct_decay`` (weight decay γ, rows below ε pruned, Eq. 90),
+  ``net:readout_replay_dct_hybrid`` (hybrid growth: Adam trains the kept rows' w, k, ṽ) — each tuned from
+  the readout's own T and β;
 * order-free baselines on the same DCT codes and on raw pixels, a class-balanced buffer at the
   budget — ``knn:dct``, ``ncm:dct``, ``slda:dct``, ``knn:raw`` (they see the stream in batches of 256:
   their state does not depend on the order);
@@ -65,6 +69,7 @@ _IMAGE = ("knn:raw", "er_reservoir:raw", "er_balanced:raw")
 #: the controls store what it stores; SLDA on raw pixels (a 784 x 784 covariance, 2.4 MB) fits no budget here
 METHODS = {
     "split_mnist": ("target:dct_merge", "net:readout_replay_dct_merge", "net:readout_replay_dct",
+                    "net:readout_replay_dct_novelty", "net:readout_replay_dct_decay", "net:readout_replay_dct_hybrid",
                     "net:replay_dct_evict_smallest", "net:replay_dct",
                     "knn:dct", "ncm:dct", "slda:dct", "er_balanced:dct") + _IMAGE,
     "permuted_mnist": ("target:proj_merge", "knn:proj", "ncm:proj", "slda:proj", "er_balanced:proj") + _IMAGE,
@@ -116,6 +121,18 @@ def _cross(center: dict, **axes):
     return [{"overrides": p} for p in pts]
 
 
+def _readout_settings(budget) -> dict:
+    """``net:readout_replay_dct``'s readout T and β chosen on validation at ``budget`` (the preset's where it
+    was not tuned): the policy presets built on it (novelty, decay, hybrid) are tuned from there, so that each
+    differs from it by its policy alone."""
+    chosen = chosen_settings(RESULTS / "continual_frontier_tune.json").get("split_mnist", {}).get(str(int(budget)), {})
+    return dict((chosen.get("net:readout_replay_dct") or {}).get("overrides", {}))
+
+
+def _policy_grid(key, values):
+    return lambda b, s: [{"overrides": {**_readout_settings(b), key: v}} for v in values]
+
+
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
@@ -128,6 +145,10 @@ TUNE_GRID = {
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
+    # the growing readout with one more policy: novelty's τ (relative to ‖q‖), weight decay's γ, hybrid's Adam rate
+    "net:readout_replay_dct_novelty": _policy_grid("policy.0.tau", (0.025, 0.05, 0.1, 0.2, 0.4)),
+    "net:readout_replay_dct_decay": _policy_grid("policy.0.gamma", (0.0001, 0.0003, 0.001, 0.003, 0.01)),
+    "net:readout_replay_dct_hybrid": _policy_grid("hybrid.learning_rate", (0.0001, 0.0003, 0.001, 0.003)),
     # the domain-incremental streams' growmem learner and its controls on the same projections
     "target:proj_merge": lambda b, s: [{"overrides": {"keys.dim": d}} for d in (50, 75, 100, 150, 200)],
     "knn:proj": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],

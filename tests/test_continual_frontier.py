@@ -367,3 +367,30 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     dims = [p["overrides"]["keys.dim"] for p in perm["target:proj_merge"](1_000_000, "permuted_mnist")]
     assert min(dims) < 100 < max(dims)
     assert [p["overrides"]["k"] for p in perm["knn:proj"](3_000_000, "permuted_mnist")] == [1, 3, 5, 10]
+
+
+def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):
+    from growmem import config
+
+    cf = _frontier()
+    tune = {"streams": {"split_mnist": {"300000": {"net:readout_replay_dct": {
+        "chosen": {"overrides": {"readout.temperature": 0.25, "readout.beta": 3.0}}}}}}}
+    (tmp_path / "continual_frontier_tune.json").write_text(json.dumps(tune))
+    monkeypatch.setattr(cf, "RESULTS", tmp_path)
+    split = cf.grids(cf.PRESETS["cpu"], "split_mnist", "online")
+    for method, key, entry in (("net:readout_replay_dct_novelty", "policy.0.tau", ("novelty", "tau")),
+                               ("net:readout_replay_dct_decay", "policy.0.gamma", ("weight_decay", "gamma")),
+                               ("net:readout_replay_dct_hybrid", "hybrid.learning_rate", None)):
+        at = [p["overrides"] for p in split[method](300_000, "split_mnist")]
+        assert all(o["readout.temperature"] == 0.25 and o["readout.beta"] == 3.0 for o in at), method
+        # where the readout was not tuned, the preset's own T and β
+        assert all(set(p["overrides"]) == {key} for p in split[method](100_000, "split_mnist")), method
+        pre = config.load(method.split(":", 1)[1])
+        if entry is None:
+            value = dict(pre.hybrid)["learning_rate"]
+        else:
+            value = next(dict(p)[entry[1]] for n, p in pre.policy_entries if n == entry[0])
+        values = [o[key] for o in at]
+        assert min(values) < value < max(values), (method, value, values)
+        # every point is a preset the loader accepts (the override names an existing entry)
+        config.load(method.split(":", 1)[1], overrides=at[0])
