@@ -146,11 +146,15 @@ TUNE_GRID = {
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
     "er_balanced:dct": lambda b, s: _er_widths(b, "er_balanced:dct"),
     # the growing readout with one more policy: novelty's τ (relative to ‖q‖), weight decay's γ, hybrid's Adam rate
-    "net:readout_replay_dct_novelty": _policy_grid("policy.0.tau", (0.025, 0.05, 0.1, 0.2, 0.4)),
+    # τ = 0.4 and Adam's 1e-4, the grids' ends, won at 0.3 and 1 MB: novelty also 0.8 and 1.6, hybrid 3e-5 and 1e-5
+    "net:readout_replay_dct_novelty": _policy_grid("policy.0.tau", (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)),
     "net:readout_replay_dct_decay": _policy_grid("policy.0.gamma", (0.0001, 0.0003, 0.001, 0.003, 0.01)),
-    "net:readout_replay_dct_hybrid": _policy_grid("hybrid.learning_rate", (0.0001, 0.0003, 0.001, 0.003)),
+    "net:readout_replay_dct_hybrid": _policy_grid("hybrid.learning_rate", (0.00001, 0.00003, 0.0001, 0.0003, 0.001,
+                                                                                   0.003)),
     # the domain-incremental streams' growmem learner and its controls on the same projections
-    "target:proj_merge": lambda b, s: [{"overrides": {"keys.dim": d}} for d in (50, 75, 100, 150, 200)],
+    # dim 200, the top, won at 15.7 MB: there also 300
+    "target:proj_merge": lambda b, s: [{"overrides": {"keys.dim": d}}
+                                       for d in (50, 75, 100, 150, 200) + ((300,) if b >= 15_000_000 else ())],
     "knn:proj": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
     "er_balanced:proj": lambda b, s: _er_widths(b, "er_balanced:proj"),
 }
