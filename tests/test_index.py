@@ -1,0 +1,150 @@
+"""growmem.index: inverted-file retrieval against the exact scan of growmem.kernels."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from growmem import index as I
+from growmem import kernels as K
+from growmem.errors import ConfigError, GrowmemError
+
+LOCAL = ("weighted_softmax", "rbf", "nadaraya_watson")
+
+
+def _clustered(n=3000, d=16, clusters=24, seed=0, spread=3.0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, d)) * spread
+    k = (centres[rng.integers(0, clusters, n)] + rng.normal(size=(n, d))).astype(np.float32)
+    q = (centres[rng.integers(0, clusters, 12)] + rng.normal(size=(12, d))).astype(np.float32)
+    v = rng.normal(size=(n, 5)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    c = rng.uniform(0.2, 1.0, n).astype(np.float32)
+    return q, k, v, w, c
+
+
+def _index(kernel, k, n_lists=24, list_capacity=400, **kw):
+    return I.build(kernel, k, n_lists=n_lists, list_capacity=list_capacity, key=jax.random.key(1), **kw)
+
+
+def _rel(a, b):
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+@pytest.mark.parametrize("kernel", LOCAL)
+def test_probing_every_list_is_the_exact_scan_values_and_gradients(kernel):
+    q, k, v, w, c = _clustered()
+    ix = _index(kernel, k)
+    T = 0.5
+
+    def loss_ix(q, k, v, w, T):
+        return jnp.sum(jnp.sin(I.retrieve(kernel, ix, q, k, v, w, nprobe=ix.n_lists, temperature=T, coeff=c)))
+
+    def loss_exact(q, k, v, w, T):
+        return jnp.sum(jnp.sin(K.retrieve(kernel, q, k, v, w, temperature=T, coeff=c)))
+
+    args = tuple(map(jnp.asarray, (q, k, v, w))) + (jnp.float32(T),)
+    assert loss_ix(*args) == pytest.approx(float(loss_exact(*args)), rel=1e-5)
+    g_ix = jax.grad(loss_ix, argnums=(0, 1, 2, 3, 4))(*args)
+    g_ex = jax.grad(loss_exact, argnums=(0, 1, 2, 3, 4))(*args)
+    for name, a, b in zip("qkvwT", g_ix, g_ex):
+        if kernel != "weighted_softmax" and kernel != "nadaraya_watson" and name == "w":
+            continue                                  # RBF reads no weights: both gradients are None / 0
+        assert _rel(a, b) < 1e-4, name
+
+
+def test_every_row_is_indexed_once_in_a_list_or_the_overflow_list():
+    q, k, v, w, c = _clustered(n=1000)
+    ix = _index("weighted_softmax", k, list_capacity=30, overflow=300)    # 24 x 30 = 720 < 1000 rows
+    ids = np.concatenate([np.asarray(ix.lists).ravel(), np.asarray(ix.overflow)])
+    ids = ids[ids >= 0]
+    assert sorted(ids.tolist()) == list(range(1000))
+    assert int(ix.n_overflow) == 1000 - int(np.asarray(ix.counts).sum()) > 0
+    assert int(ix.unindexed) == 0
+    # the overflow rows are read by every query, so the full probe is still the exact scan
+    y = I.retrieve("weighted_softmax", ix, q, k, v, w, nprobe=ix.n_lists, temperature=0.5)
+    assert _rel(y, K.retrieve("weighted_softmax", q, k, v, w, temperature=0.5)) < 1e-5
+
+
+def test_a_full_list_sends_its_row_to_the_next_nearest_list_with_room():
+    centroids = jnp.asarray([[0.0, 0.0], [10.0, 0.0], [100.0, 0.0]])
+    ix = I.empty(centroids, 2, overflow=0, kernel="rbf")
+    ix = I.add(ix, jnp.asarray([[0.1, 0.0], [0.2, 0.0], [0.3, 0.0]]), jnp.asarray([7, 8, 9]), alternatives=2)
+    assert np.asarray(ix.lists).tolist() == [[7, 8], [9, -1], [-1, -1]]
+
+
+def test_rows_that_find_no_room_raise_and_leave_the_index_as_it_was():
+    centroids = jnp.asarray([[0.0, 0.0], [10.0, 0.0]])
+    ix = I.empty(centroids, 1, overflow=1, kernel="rbf")
+    ix = I.add(ix, jnp.asarray([[0.0, 0.0]]), jnp.asarray([0]))
+    with pytest.raises(I.IndexFullError, match="found no room.*more lists, a larger list_capacity or overflow"):
+        I.add(ix, jnp.asarray([[0.0, 0.1], [0.0, 0.2], [0.0, 0.3]]), jnp.asarray([1, 2, 3]))
+    assert np.asarray(ix.lists).tolist() == [[0], [-1]] and int(ix.n_overflow) == 0
+    assert issubclass(I.IndexFullError, GrowmemError)
+
+
+def test_masked_rows_are_not_indexed():
+    centroids = jnp.asarray([[0.0, 0.0], [10.0, 0.0]])
+    ix = I.empty(centroids, 4, kernel="rbf")
+    ix = I.add(ix, jnp.asarray([[0.0, 0.0], [10.0, 0.0], [np.nan, 0.0]]), jnp.asarray([0, 1, 2]),
+               mask=jnp.asarray([True, True, False]))
+    assert np.asarray(ix.counts).tolist() == [1, 1] and int(ix.size) == 2
+
+
+@pytest.mark.parametrize("kernel", LOCAL)
+def test_a_few_lists_of_clustered_rows_recall_the_nearest_rows_and_the_result(kernel):
+    q, k, v, w, c = _clustered(n=4000, spread=4.0)
+    ix = _index(kernel, k, list_capacity=600)
+    exact = K.retrieve(kernel, q, k, v, w, temperature=0.3)
+    one = I.retrieve(kernel, ix, q, k, v, w, nprobe=1, temperature=0.3)
+    four = I.retrieve(kernel, ix, q, k, v, w, nprobe=4, temperature=0.3)
+    assert float(I.recall(ix, q, k, nprobe=4, top=10).mean()) >= 0.95
+    assert _rel(four, exact) < 0.01
+    assert _rel(four, exact) <= _rel(one, exact)
+
+
+def test_the_partial_merges_with_the_exact_partial_of_rows_not_yet_indexed():
+    q, k, v, w, c = _clustered(n=2000)
+    ix = _index("weighted_softmax", k[:1500])
+    cold = I.reduce("weighted_softmax", ix, q, k, v, w, nprobe=ix.n_lists, temperature=0.4)
+    hot = K.reduce("weighted_softmax", q, k[1500:], v[1500:], w[1500:], temperature=0.4)
+    y = K.WEIGHTED_SOFTMAX.finish(K.merge(cold, hot))
+    assert _rel(y, K.retrieve("weighted_softmax", q, k, v, w, temperature=0.4)) < 1e-5
+
+
+def test_retrieval_runs_under_jit_with_bfloat16_rows():
+    q, k, v, w, c = _clustered(n=1000)
+    ix = _index("weighted_softmax", k)
+    kb, vb = jnp.asarray(k, jnp.bfloat16), jnp.asarray(v, jnp.bfloat16)
+    f = jax.jit(lambda ix, q: I.retrieve("weighted_softmax", ix, q, kb, vb, w, nprobe=ix.n_lists, temperature=0.5))
+    y = f(ix, jnp.asarray(q))
+    assert y.dtype == jnp.float32
+    # the rows are widened to the queries' dtype, as the exact scan widens each chunk
+    assert _rel(y, K.retrieve("weighted_softmax", q, kb, vb, w, temperature=0.5)) < 1e-5
+
+
+def test_an_empty_probe_gives_zero_like_an_empty_memory():
+    ix = I.empty(jnp.zeros((2, 3)), 4, kernel="weighted_softmax")
+    k, v, w = jnp.zeros((8, 3)), jnp.ones((8, 2)), jnp.ones((8,))
+    y = I.retrieve("weighted_softmax", ix, jnp.ones((2, 3)), k, v, w, nprobe=2, temperature=1.0)
+    assert np.asarray(y).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda q, k, v, w, ix: I.build("linear", k, n_lists=4, list_capacity=10, key=jax.random.key(0)),
+     "linear kernel is not local"),
+    (lambda q, k, v, w, ix: I.retrieve("weighted_softmax", ix, q, k, v, w, nprobe=0), r"nprobe must be .* \[1, 24\]"),
+    (lambda q, k, v, w, ix: I.retrieve("weighted_softmax", ix, q, k, v, w, nprobe=25), r"nprobe must be"),
+    (lambda q, k, v, w, ix: I.retrieve("rbf", ix, q, k, v, w, nprobe=2), "build it with kernel='rbf'"),
+    (lambda q, k, v, w, ix: I.build("rbf", k[:3], n_lists=4, list_capacity=10, key=jax.random.key(0)),
+     "at least n_lists = 4 rows"),
+    (lambda q, k, v, w, ix: I.train_centroids(np.full((10, 2), np.nan), 2, key=jax.random.key(0)), "non-finite"),
+    (lambda q, k, v, w, ix: I.add(ix, k[:2, :3], jnp.arange(2)), r"keys must be \(n, 16\)"),
+    (lambda q, k, v, w, ix: I.add(ix, k[:2], jnp.arange(3)), r"ids must be \(2,\)"),
+    (lambda q, k, v, w, ix: I.add(ix, np.where(np.arange(16) == 3, np.inf, k[:1]), jnp.arange(1)), "non-finite"),
+    (lambda q, k, v, w, ix: I.empty(jnp.zeros((2, 3)), 0), "list_capacity must be an integer >= 1"),
+])
+def test_bad_input_is_one_clear_error(call, match):
+    q, k, v, w, c = _clustered(n=500)
+    ix = _index("weighted_softmax", k)
+    with pytest.raises(ConfigError, match=match):
+        call(q, k, v, w, ix)
