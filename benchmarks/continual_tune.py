@@ -5,7 +5,9 @@ Each stream's validation split holds out 10 % of each class's training images (f
 the held-out part after the last experience (the mean over experiences of the final accuracy: what the
 benchmark reports). The tuning runs use seed 0, which the benchmark's seeds (1, 2, 3) do not, so the class
 orders, permutations and rotations differ too. Every grid point runs once; the best point is ``chosen``
-(a point over the memory budget is never chosen). ``benchmarks/continual.py`` then runs with the chosen
+(a point over the memory budget is never chosen). Where the chosen value of a numeric setting is the
+smallest or largest tried, the grid goes on past it (:data:`EXTEND_STEPS`), and ``on_edge`` gives the
+reason for any chosen value still on an edge. ``benchmarks/continual.py`` then runs with the chosen
 settings, and ``growmem/continual/baselines.py: TUNED`` holds the same values for the command line (a test
 checks they agree).
 
@@ -96,9 +98,91 @@ def _key(settings) -> str:
     return json.dumps(settings, sort_keys=True)
 
 
+#: how far a grid goes past its ends: while the chosen point sits at the smallest or largest value tried of a
+#: numeric setting, one more value beyond that end is tried (the chosen point with that setting moved; the
+#: next value continues the geometric spacing of the two end values, rounded for integer settings), at most
+#: EXTEND_STEPS times per end. A setting at a bound (0 or 1 for a count) or one the method refuses past its
+#: end is not extended, and the JSON says why (``on_edge``)
+EXTEND_STEPS = 2
+#: ``{method: {setting: reason}}``: a chosen value on its grid's edge that is not extended past, and why
+EDGE_REASONS = {m: {"epochs": "one epoch per experience is the fewest an offline run takes"}
+                for m in ("replay_bytes", "replay_4400", "cumulative", "joint")}
+#: ``{setting: reason}`` for every method
+SETTING_REASONS = {"model.n_blocks": "a network has 0 or 1 residual block in the presets"}
+
+
+def _flat(settings: dict) -> dict:
+    return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}
+
+
+def _with(settings: dict, key: str, value) -> dict:
+    """``settings`` with ``key`` (a top-level setting or a preset override) set to ``value``."""
+    if key in settings.get("overrides", {}):
+        return {**settings, "overrides": {**settings["overrides"], key: value}}
+    return {**settings, key: value}
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _beyond(end, neighbour):
+    """The value past ``end`` continuing the geometric spacing from ``neighbour`` (an integer for integer
+    settings), or None at a bound."""
+    from growmem.repro.core import _next_value
+
+    nxt = _next_value(end, neighbour, "log")
+    if nxt is None or not isinstance(end, int):
+        return nxt
+    nxt = int(round(nxt))
+    return None if nxt == end or nxt < 1 else nxt
+
+
+def edges(method: str, results, chosen, extended=None) -> dict:
+    """``{setting: {"value", "edge": "low" | "high", "values", "extended", "reason"}}`` for every numeric
+    setting of the ``chosen`` point at an end of the values tried (a setting tried at one value is no edge);
+    ``reason``: why the grid does not go further (None while it may)."""
+    if chosen is None:
+        return {}
+    out = {}
+    for key, v in _flat(chosen).items():
+        vals = lambda rs: sorted({_flat(r["settings"])[key] for r in rs if _numeric(_flat(r["settings"]).get(key))})  # noqa: E731
+        tried = vals([r for r in results if r.get("error") is None])
+        if not _numeric(v) or len(tried) < 2 or v not in (tried[0], tried[-1]):
+            continue
+        side = "low" if v == tried[0] else "high"
+        end, nb = (tried[0], tried[1]) if side == "low" else (tried[-1], tried[-2])
+        refused = [r for r in results if r.get("error") is not None and _numeric(_flat(r["settings"]).get(key))
+                   and (_flat(r["settings"])[key] < v if side == "low" else _flat(r["settings"])[key] > v)]
+        n = (extended or {}).get((key, side), 0)
+        why = (EDGE_REASONS.get(method, {}).get(key) or SETTING_REASONS.get(key)
+               or (f"{key} = {_flat(refused[0]['settings'])[key]} beyond it is refused: {refused[0]['error']}"
+                   if refused else None)
+               or (f"{end} is the bound of {key}" if _beyond(end, nb) is None else None)
+               or (f"the extension limit ({EXTEND_STEPS} values beyond the grid) was reached"
+                   if n >= EXTEND_STEPS else None))
+        out[key] = {"value": v, "edge": side, "values": tried, "extended": n, "reason": why}
+    return out
+
+
+def next_points(method: str, results, chosen, extended: dict) -> list:
+    """The settings to try next: for each numeric setting of ``chosen`` at an end of its values with no
+    reason to stop there, the value beyond it (``extended`` counts the values added per (setting, end))."""
+    out = []
+    for key, e in edges(method, results, chosen, extended).items():
+        if e["reason"] is not None:
+            continue
+        vals = e["values"]
+        nxt = _beyond(*((vals[0], vals[1]) if e["edge"] == "low" else (vals[-1], vals[-2])))
+        extended[(key, e["edge"])] = extended.get((key, e["edge"]), 0) + 1
+        out.append(_with(chosen, key, nxt))
+    return out
+
+
 def choose(results, budget):
     """The best grid point within the budget (highest validation accuracy; ties: the first listed); for a
     method no point of which fits (cumulative, joint: they keep every sample), the best point."""
+    results = [r for r in results if r.get("error") is None]
     ok = [r for r in results if r["within_budget"] is not False] or list(results)
     if not ok:
         return None
@@ -146,6 +230,7 @@ def main(argv=None):
     compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
     from growmem.continual.methods import resolve
+    from growmem.errors import GrowmemError
     from growmem.continual.runner import run_continual
     from growmem.reporting import write_json
     from growmem.units import parse_size
@@ -166,6 +251,7 @@ def main(argv=None):
                                  "results": [r for r in old["results"] if _key(r["settings"]) not in seen]
                                  + entry["results"]}
                     entry["chosen"] = choose(entry["results"], budget)
+                    entry["on_edge"] = edges(m, entry["results"], entry["chosen"])
                     doc["streams"][stream][m] = entry
             doc["invocations"] += other.get("invocations", [])
         for stream, ms in doc["streams"].items():      # a shared method follows its source's final choice
@@ -188,22 +274,34 @@ def main(argv=None):
             if cfg["grid_limit"]:
                 grid = grid[:cfg["grid_limit"]]
             opts = {**cfg["stream_options"][stream], **cfg.get("method_options", {}).get(m, {})}
-            results = []
-            for settings in grid:
+            results, extended = [], {}
+
+            def run_point(settings, m=m, opts=opts):
                 epochs = None
                 if cfg["epochs_cap"] and resolve(m, stream).kind == "avalanche":
                     epochs = {m: min(cfg["epochs_cap"], int(settings.get("epochs", cfg["epochs_cap"])))}
-                run = run_continual(stream, [m], [SEED], budget, stream_options=opts, data_dir=args.data_dir,
-                                    split="validation", method_settings={m: settings} if settings else None,
-                                    epochs=epochs, progress=not args.no_progress, threads=args.threads,
-                                    verbose=False)
+                try:
+                    run = run_continual(stream, [m], [SEED], budget, stream_options=opts, data_dir=args.data_dir,
+                                        split="validation", method_settings={m: settings} if settings else None,
+                                        epochs=epochs, progress=not args.no_progress, threads=args.threads,
+                                        verbose=False)
+                except GrowmemError as e:   # a value past the grid the method refuses: recorded, never chosen
+                    print(f"{stream} {m} {_key(settings)}: refused: {e}", flush=True)
+                    return {"settings": settings, "accuracy": None, "error": str(e), "stream_options": opts}
                 s = run["runs"][0]["summary"]
-                results.append({"settings": settings, "accuracy": s["acc_mean_over_experiences"],
-                                "bytes": s["bytes_in_use_peak"], "within_budget": s["within_budget"],
-                                "wall_s": s["wall_seconds"], "stream_options": opts})
                 print(f"{stream} {m} {_key(settings)}: validation accuracy {s['acc_mean_over_experiences']:.4f}, "
                       f"{s['bytes_in_use_peak'] / 1e6:.2f} MB, {s['wall_seconds']:.0f} s", flush=True)
-            entry = {"grid": grid, "results": results, "chosen": choose(results, budget),
+                return {"settings": settings, "accuracy": s["acc_mean_over_experiences"],
+                        "bytes": s["bytes_in_use_peak"], "within_budget": s["within_budget"],
+                        "wall_s": s["wall_seconds"], "stream_options": opts}
+
+            points = list(grid)
+            while points:
+                results += [run_point(p) for p in points]
+                points = [] if cfg["grid_limit"] else next_points(m, results, choose(results, budget), extended)
+            chosen = choose(results, budget)
+            entry = {"grid": grid, "results": results, "chosen": chosen,
+                     "on_edge": edges(m, results, chosen, extended),
                      "metric": "acc_mean_over_experiences on the validation split",
                      "fixed": m in FIXED, "stream_options": opts}
             doc["streams"].setdefault(stream, {})[m] = entry

@@ -217,6 +217,42 @@ def _tune_module():
     return benchmark("continual_tune")
 
 
+def _row(acc, error=None, overrides=None, **settings):
+    return {"settings": {**settings, **({"overrides": overrides} if overrides else {})}, "accuracy": acc,
+            "within_budget": True, "error": error}
+
+
+def test_a_chosen_value_on_the_grids_edge_is_extended_past_it_until_inside_or_a_stated_reason():
+    tune = _tune_module()
+    dim = lambda n: {"keys.dim": n}                             # noqa: E731
+    rows = [_row(0.90, lr=0.01, overrides=dim(20)), _row(0.93, lr=0.05, overrides=dim(20)),
+            _row(0.95, lr=0.05, overrides=dim(30))]
+    ext = {}
+    nxt = tune.next_points("m", rows, tune.choose(rows, 1), ext)
+    # both settings sit at their top: each moves on by the grid's own ratio, an integer staying one
+    assert nxt == [{"lr": 0.05, "overrides": {"keys.dim": 45}}, {"lr": 0.25, "overrides": {"keys.dim": 30}}] or \
+        nxt == [{"lr": 0.25, "overrides": {"keys.dim": 30}}, {"lr": 0.05, "overrides": {"keys.dim": 45}}]
+    assert all(type(p["overrides"]["keys.dim"]) is int for p in nxt)
+    rows += [_row(0.94, lr=0.25, overrides=dim(30)), _row(0.96, lr=0.05, overrides=dim(45))]
+    chosen = tune.choose(rows, 1)
+    e = tune.edges("m", rows, chosen, ext)
+    assert chosen == {"lr": 0.05, "overrides": {"keys.dim": 45}} and set(e) == {"keys.dim"}
+    assert e["keys.dim"]["reason"] is None                       # may go on: one step of two taken
+    rows += [_row(None, error="keys.dim must be <= 50", lr=0.05, overrides=dim(68))]
+    ext[("keys.dim", "high")] += 1
+    e = tune.edges("m", rows, tune.choose(rows, 1), ext)
+    assert "refused: keys.dim must be <= 50" in e["keys.dim"]["reason"]
+    assert tune.next_points("m", rows, tune.choose(rows, 1), ext) == []
+    # a stated reason and a bound stop it too
+    epochs = [_row(0.9, epochs=1, lr=0.1), _row(0.8, epochs=3, lr=0.1)]
+    e = tune.edges("replay_bytes", epochs, tune.choose(epochs, 1))
+    assert set(e) == {"epochs"} and "fewest" in e["epochs"]["reason"]       # lr, tried at one value: no edge
+    blocks = [_row(0.9, overrides={"model.n_blocks": 0}), _row(0.8, overrides={"model.n_blocks": 1})]
+    assert "0 or 1" in tune.edges("net:x", blocks, tune.choose(blocks, 1))["model.n_blocks"]["reason"]
+    lo = [_row(0.9, overrides={"replay.samples": 1}), _row(0.8, overrides={"replay.samples": 2})]
+    assert tune.edges("net:x", lo, tune.choose(lo, 1))["replay.samples"]["reason"] == "1 is the bound of replay.samples"
+
+
 def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
     tune = _tune_module()
     rows = [{"settings": {"a": 1}, "accuracy": 0.9, "within_budget": False},
