@@ -92,28 +92,44 @@ def _sq_dist(x, c):
     return jnp.maximum(jnp.sum(x * x, 1)[:, None] + jnp.sum(c * c, 1)[None, :] - 2.0 * x @ c.T, 0.0)
 
 
-def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int] = None) -> jax.Array:
+#: rows per chunk of the assignments (k-means and :func:`build`): a chunk's distances to the centroids fit in
+#: cache-sized blocks however many rows and lists there are
+ASSIGN_CHUNK = 4096
+
+
+def _nearest(x, c):
+    """``(n,)`` the nearest centroid of each row of ``x``, in chunks of :data:`ASSIGN_CHUNK` rows."""
+    n = x.shape[0]
+    pad = (-n) % ASSIGN_CHUNK
+    xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(-1, ASSIGN_CHUNK, x.shape[1])
+    return jax.lax.map(lambda xc: jnp.argmin(_sq_dist(xc, c), axis=1), xs).reshape(-1)[:n]
+
+
+def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int] = None,
+                    sample: Optional[int] = None) -> jax.Array:
     """``(n_lists, d)`` k-means centroids of the rows ``k[:size]`` (Lloyd's iterations from ``n_lists`` rows
-    drawn without replacement by ``key``; a list left empty keeps its centre)."""
-    k = np.asarray(k, np.float32)
-    n = k.shape[0] if size is None else int(size)
+    drawn without replacement by ``key``; a list left empty keeps its centre). ``sample``: train on that many
+    rows drawn at random (FAISS trains on 39-256 rows a list), else on all."""
     if not isinstance(n_lists, (int, np.integer)) or isinstance(n_lists, bool) or n_lists < 1:
         raise ConfigError(f"n_lists must be an integer >= 1, got {n_lists!r}")
+    n = int(np.shape(k)[0] if size is None else size)
     if n < n_lists:
         raise ConfigError(f"k-means needs at least n_lists = {n_lists} rows to start from, got {n}; train the "
                           f"centroids later or ask for fewer lists")
-    x = jnp.asarray(k[:n])
+    k_init, k_sample = jax.random.split(key)
+    rows = np.arange(n) if sample is None or sample >= n else np.sort(np.asarray(
+        jax.random.choice(k_sample, n, (max(int(sample), int(n_lists)),), replace=False)))
+    x = jnp.asarray(np.asarray(k[:n])[rows], jnp.float32)
     if not bool(jnp.all(jnp.isfinite(x))):
         raise ConfigError("the rows the centroids are trained on hold non-finite values")
-    c = x[jax.random.choice(key, n, (int(n_lists),), replace=False)]
+    c = x[jax.random.choice(k_init, x.shape[0], (int(n_lists),), replace=False)]
 
     @jax.jit
     def lloyd(c, _):
-        a = jnp.argmin(_sq_dist(x, c), axis=1)
-        one = jax.nn.one_hot(a, c.shape[0], dtype=x.dtype)          # (n, C)
-        cnt = one.sum(0)
-        mean = (one.T @ x) / jnp.maximum(cnt, 1.0)[:, None]
-        return jnp.where(cnt[:, None] > 0, mean, c), None
+        a = _nearest(x, c)
+        total = jax.ops.segment_sum(x, a, num_segments=c.shape[0])
+        cnt = jax.ops.segment_sum(jnp.ones(x.shape[:1], x.dtype), a, num_segments=c.shape[0])
+        return jnp.where(cnt[:, None] > 0, total / jnp.maximum(cnt, 1.0)[:, None], c), None
 
     c, _ = jax.lax.scan(lloyd, c, None, length=int(iters))
     return c
@@ -141,7 +157,7 @@ def add_rows(index: IVF, k_new, ids, mask=None, *, alternatives: int = 4) -> IVF
     x = jnp.asarray(k_new, jnp.float32)
     n = x.shape[0]
     r = min(int(alternatives), index.n_lists)
-    _, near = jax.lax.top_k(-_sq_dist(x, index.centroids), r)       # (n, r): nearest first
+    near = jax.lax.top_k(-_sq_dist(x, index.centroids), r)[1]        # (n, r): nearest first
     mask = jnp.ones((n,), bool) if mask is None else jnp.asarray(mask, bool)
     L, O = index.list_capacity, index.overflow.shape[0]
 
@@ -188,12 +204,16 @@ def add(index: IVF, k_new, ids, mask=None, *, alternatives: int = 4) -> IVF:
 
 
 def build(kernel, k, *, n_lists: int, list_capacity: int, key, size: Optional[int] = None, overflow: int = 256,
-          iters: int = 10, alternatives: int = 4) -> IVF:
-    """An index over the rows ``k[:size]``: k-means centroids (:func:`train_centroids`), every row added."""
-    n = int(np.asarray(k).shape[0] if size is None else size)
-    c = train_centroids(k, n_lists, key=key, iters=iters, size=n)
+          iters: int = 10, alternatives: int = 4, sample: Optional[int] = None) -> IVF:
+    """An index over the rows ``k[:size]``: k-means centroids (:func:`train_centroids`, on ``sample`` rows),
+    then every row added, :data:`ASSIGN_CHUNK` rows a call."""
+    n = int(np.shape(k)[0] if size is None else size)
+    c = train_centroids(k, n_lists, key=key, iters=iters, size=n, sample=sample)
     ix = empty(c, list_capacity, overflow=overflow, kernel=kernel)
-    return add(ix, jnp.asarray(k)[:n], jnp.arange(n, dtype=jnp.int32), alternatives=alternatives)
+    for start in range(0, n, ASSIGN_CHUNK):
+        stop = min(n, start + ASSIGN_CHUNK)
+        ix = add(ix, jnp.asarray(k[start:stop]), jnp.arange(start, stop, dtype=jnp.int32), alternatives=alternatives)
+    return ix
 
 
 def candidates(index: IVF, q, nprobe: int):
