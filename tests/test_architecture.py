@@ -108,7 +108,7 @@ FLOORS = {
     "classical": 1, "reporting": 1, "runtime": 1, "data": 1, "reservoir": 1, "learner": 1,
     "options": 2,
     "backends": 2, "nadaraya": 2, "index": 2,
-    "backends.sharded": 3, "backends.tiered": 3, "policies": 3, "order_free": 3,
+    "backends.sharded": 3, "backends.tiered": 3, "backends.indexed": 3, "policies": 3, "order_free": 3,
     "layers": 4, "train": 4,
     "": 5, "store": 5, "config": 5, "data.teacher_student": 5,   # "": the package itself (growmem/__init__)
     "checkpoint": 6,
