@@ -172,6 +172,9 @@ EDGE_REASONS = {
     "replay_bytes": {"epochs": (1, "one epoch per experience is the fewest an offline run takes")},
     "knn:dct": {"k": (1, "one neighbour is the fewest kNN takes")},
     "knn:proj": {"k": (1, "one neighbour is the fewest kNN takes")},
+    "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": (
+        1e-05, "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
+               "this preset with hybrid growth off")},
 }
 
 PRESETS = {
