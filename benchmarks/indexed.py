@@ -5,7 +5,9 @@ Gaussian clusters in d dimensions, ṽ of d_out, w > 0) is indexed by :mod:`grow
 centroids on a sample, ``n_lists ≈ lists_per_sqrt_n · √N`` lists of twice the mean list length), and a
 layer step — the forward pass and the gradient with respect to the queries and T, as for every layer
 whose rows are not trained — runs exact (:func:`growmem.kernels.reduce`, the native kernel where
-available) and indexed at each ``nprobe``, the calls interleaved (the same load for both). Reported
+available) and indexed at each ``nprobe`` — per query (each query gathers its own lists' rows) and shared
+(the union of the batch's lists gathered once and reduced by the exact kernel: every query meets every
+slot) — the calls interleaved (the same load for both). Reported
 per N and nprobe: milliseconds (median), the speed-up (paired per round), the relative error of the
 output and of ∂/∂q against the exact step on the same state at each temperature of the preset (the
 smaller T, the sharper the kernel and the more of its weight the nearest lists hold; the step's time
@@ -46,6 +48,8 @@ PRESETS = {
                 lists_per_sqrt_n=4.0, temperatures=(0.02, 0.1, 0.5), repeats=7, queries=256, sample_per_list=64),
 }
 PRESETS["paper"] = dict(PRESETS["cpu"], sizes=(10_000, 100_000, 1_000_000, 10_000_000))
+#: per_query: each query gathers the rows of its own lists; shared: the batch reads the union of its lists once
+MODES = ("per_query", "shared")
 
 
 def rows(n: int, cfg: dict, seed: int = 0):
@@ -85,13 +89,15 @@ def measure(n: int, cfg: dict, bar) -> dict:
     def exact_y(q, T):
         return kernels.retrieve(KERNEL, q, kj, vj, wj, temperature=T, row_grads=False)
 
-    def indexed_y(p):
-        return lambda q, T: ivf.retrieve(KERNEL, index, q, kj, vj, wj, nprobe=p, temperature=T)
+    def indexed_y(p, mode):
+        return lambda q, T: ivf.retrieve(KERNEL, index, q, kj, vj, wj, nprobe=p, temperature=T,
+                                         shared=mode == "shared")
 
     def step(f):   # the layer's forward pass and its gradient with respect to q and T
         return jax.jit(jax.value_and_grad(lambda q, T: jnp.sum(jnp.sin(f(q, T))), argnums=(0, 1)))
 
-    steps = {"exact": step(exact_y), **{f"nprobe={p}": step(indexed_y(p)) for p in cfg["nprobe"]}}
+    variants = {f"{mode} {p}": (mode, p) for mode in MODES for p in cfg["nprobe"]}
+    steps = {"exact": step(exact_y), **{name: step(indexed_y(p, mode)) for name, (mode, p) in variants.items()}}
     qs = queries(centres, cfg["queries"], cfg)
     qb = jnp.asarray(qs[:cfg["batch"]])
     times = _common.time_interleaved({name: (lambda f=f: f(qb, T)) for name, f in steps.items()}, cfg["repeats"])
@@ -100,25 +106,28 @@ def measure(n: int, cfg: dict, bar) -> dict:
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
     out = {"n": n, "build_s": build_s, **sh, "n_overflow": int(index.n_overflow),
            "exact_ms": 1e3 * _common.median(times["exact"]), "indexed": {}}
-    fns = {"exact": exact_y, **{str(p): indexed_y(p) for p in cfg["nprobe"]}}
+    fns = {"exact": exact_y, **{name: indexed_y(p, mode) for name, (mode, p) in variants.items()}}
     batches = [jnp.asarray(qs[i:i + cfg["batch"]]) for i in range(0, len(qs), cfg["batch"])]
-    errors = {str(p): {} for p in cfg["nprobe"]}
+    errors = {name: {} for name in variants}
     for t in cfg["temperatures"]:
         ys, gs = {}, {}
         for name, f in fns.items():
             fy, g = jax.jit(f), jax.jit(jax.grad(lambda q, T, f=f: jnp.sum(jnp.sin(f(q, T)))))
             ys[name] = np.concatenate([np.asarray(fy(qb_, jnp.float32(t))) for qb_ in batches])
             gs[name] = np.concatenate([np.asarray(g(qb_, jnp.float32(t))) for qb_ in batches])
-        for p in cfg["nprobe"]:
-            errors[str(p)][str(t)] = {"rel_error_y": rel(ys[str(p)], ys["exact"]),
-                                      "rel_error_grad_q": rel(gs[str(p)], gs["exact"])}
-    for p in cfg["nprobe"]:
-        name = f"nprobe={p}"
+        for name in variants:
+            errors[name][str(t)] = {"rel_error_y": rel(ys[name], ys["exact"]),
+                                    "rel_error_grad_q": rel(gs[name], gs["exact"])}
+    for name, (mode, p) in variants.items():
         rec = np.concatenate([np.asarray(ivf.recall(index, qb_, kj, nprobe=p)) for qb_ in batches])
-        out["indexed"][str(p)] = {
+        out["indexed"].setdefault(mode, {})[str(p)] = {
             "ms": 1e3 * _common.median(times[name]), "speedup": _common.paired_ratio(times, "exact", name),
-            "errors_by_temperature": errors[str(p)], "recall_at_10": float(rec.mean()),
-            "rows_read_per_query": p * sh["list_capacity"] + sh["overflow"]}
+            "errors_by_temperature": errors[name], "recall_at_10": float(rec.mean()),
+            # row slots gathered for the batch (padding included) and the query-slot scores computed
+            "slots_gathered": cfg["batch"] * p * sh["list_capacity"] + sh["overflow"] * (1 if mode == "shared"
+                                                                                       else cfg["batch"]),
+            "scores_per_batch": cfg["batch"] * (p * sh["list_capacity"] + sh["overflow"]) if mode == "per_query"
+            else cfg["batch"] * (cfg["batch"] * p * sh["list_capacity"] + sh["overflow"])}
     bar.update(1)
     return out
 
@@ -129,18 +138,21 @@ def plot(results, cfg, out):
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     ns = [r["n"] for r in results]
     a1.loglog(ns, [r["exact_ms"] for r in results], "o-", color="k", label="exact scan")
-    for p in cfg["nprobe"]:
-        a1.loglog(ns, [r["indexed"][str(p)]["ms"] for r in results], "o-", label=f"indexed, nprobe = {p}")
+    for mode in MODES:
+        for p in cfg["nprobe"]:
+            a1.loglog(ns, [r["indexed"][mode][str(p)]["ms"] for r in results], "o-" if mode == "shared" else "s--",
+                      label=f"{mode}, nprobe = {p}")
     a1.set_xlabel("rows N")
     a1.set_ylabel(f"step (forward + ∂/∂q), ms, B = {cfg['batch']}")
     a1.legend(fontsize=7)
     last = results[-1]
     ps = list(cfg["nprobe"])
-    for t in cfg["temperatures"]:
-        a2.semilogy(ps, [max(last["indexed"][str(p)]["errors_by_temperature"][str(t)]["rel_error_y"], 1e-8)
-                         for p in ps], "o-", label=f"relative error of y, T = {t}")
-    a2.semilogy(ps, [max(1 - last["indexed"][str(p)]["recall_at_10"], 1e-8) for p in ps], "^-", color="k",
-                label="1 − recall@10")
+    for mode in MODES:
+        for t in cfg["temperatures"]:
+            a2.semilogy(ps, [max(last["indexed"][mode][str(p)]["errors_by_temperature"][str(t)]["rel_error_y"], 1e-8)
+                             for p in ps], "o-" if mode == "shared" else "s--", label=f"{mode}: error of y, T = {t}")
+    a2.semilogy(ps, [max(1 - last["indexed"]["per_query"][str(p)]["recall_at_10"], 1e-8) for p in ps], "^-",
+                color="k", label="1 − recall@10 (own lists)")
     a2.set_xscale("log", base=2)
     a2.set_xlabel(f"nprobe (of {last['n_lists']} lists), N = {last['n']:,}")
     a2.legend(fontsize=7)
@@ -156,16 +168,17 @@ def main(argv=None):
         results = [measure(n, cfg, bar) for n in cfg["sizes"]]
     last = results[-1]
     summary = {"n": last["n"], "n_lists": last["n_lists"], "exact_ms": last["exact_ms"],
-               "by_nprobe": {p: {k: r[k] for k in ("speedup", "errors_by_temperature", "recall_at_10")}
-                             for p, r in last["indexed"].items()},
+               "by_mode_and_nprobe": {mode: {p: {k: r[k] for k in ("speedup", "errors_by_temperature", "recall_at_10")}
+                                             for p, r in by.items()} for mode, by in last["indexed"].items()},
                "load_average_before": load_before, "load_average_after": list(os.getloadavg())}
     path = _common.write_results(NAME, summary, {"preset": args.preset, "config": cfg, "results": results},
                                  args.out)
     png = plot(results, cfg, args.out)
     for r in results:
-        for p, x in r["indexed"].items():
+        for (mode, p), x in ((mp, x) for mode_, by in r["indexed"].items() for mp, x in
+                             (((mode_, p_), x_) for p_, x_ in by.items())):
             errs = ", ".join(f"T = {t}: {e['rel_error_y']:.1e}" for t, e in x["errors_by_temperature"].items())
-            print(f"N = {r['n']:>9,}  nprobe = {p:>3}: {x['speedup']:5.2f}x the exact step "
+            print(f"N = {r['n']:>9,}  {mode:>9} nprobe = {p:>3}: {x['speedup']:5.2f}x the exact step "
                   f"({x['ms']:.1f} against {r['exact_ms']:.1f} ms), recall@10 {x['recall_at_10']:.3f}, "
                   f"error of y {errs}")
     print(f"wrote {path} and {png}")

@@ -16,7 +16,8 @@ The index holds row ids, not rows: the rows stay in the memory's table (``k``, `
   (exact for those rows); a row that finds no room there either is counted in ``unindexed``, and
   :func:`add` raises :class:`IndexFullError` rather than leave a row no query can reach.
 - :func:`reduce` / :func:`retrieve`: the :class:`growmem.kernels.Partial` (or ``y``) of a kernel over the
-  rows of each query's ``nprobe`` lists and the overflow list. Lists are disjoint, so no row counts
+  rows of each query's ``nprobe`` lists and the overflow list (``shared=True``: over the union of the
+  lists the batch probes, gathered once and reduced by :func:`growmem.kernels.reduce`). Lists are disjoint, so no row counts
   twice, and with ``nprobe = n_lists`` the result is the exact one over every indexed row. Gradients
   (``∂/∂q``, ``∂/∂T``, the rows through the gather) are JAX's own: the gathered block is
   ``B × (nprobe · L + overflow)`` rows.
@@ -216,22 +217,44 @@ def build(kernel, k, *, n_lists: int, list_capacity: int, key, size: Optional[in
     return ix
 
 
-def candidates(index: IVF, q, nprobe: int):
-    """``(B, nprobe · L + O)`` row ids each query reads (its ``nprobe`` lists, then the overflow list; -1 where
-    a list is not full)."""
+def _probe(index: IVF, q, nprobe: int):
+    """``(B, nprobe)`` the lists each query reads, nearest first."""
     if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or not 1 <= nprobe <= index.n_lists:
         raise ConfigError(f"nprobe must be an integer in [1, {index.n_lists}] (the index's lists), got {nprobe!r}")
     q = jnp.asarray(q, jnp.float32)
     score = q @ index.centroids.T if index.form == "dot" else -_sq_dist(q, index.centroids)
-    _, probe = jax.lax.top_k(score, int(nprobe))                     # (B, nprobe)
-    ids = index.lists[probe].reshape(q.shape[0], -1)
-    over = jnp.broadcast_to(index.overflow, (q.shape[0], index.overflow.shape[0]))
+    return jax.lax.top_k(score, int(nprobe))[1]
+
+
+def candidates(index: IVF, q, nprobe: int):
+    """``(B, nprobe · L + O)`` row ids each query reads (its ``nprobe`` lists, then the overflow list; -1 where
+    a list is not full)."""
+    probe = _probe(index, q, nprobe)
+    ids = index.lists[probe].reshape(probe.shape[0], -1)
+    over = jnp.broadcast_to(index.overflow, (probe.shape[0], index.overflow.shape[0]))
     return jnp.concatenate([ids, over], axis=1)
 
 
-def reduce(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0, coeff=None) -> K.Partial:
+def shared_candidates(index: IVF, q, nprobe: int):
+    """``(B · nprobe · L + O,)`` row ids the whole batch reads: the union of the lists its queries probe (each
+    list once), then the overflow list; -1 past a list's rows and for lists no query chose."""
+    probe = _probe(index, q, nprobe).reshape(-1)
+    lists = jnp.unique(probe, size=probe.shape[0], fill_value=-1)
+    ids = jnp.where(lists[:, None] >= 0, index.lists[jnp.maximum(lists, 0)], -1).reshape(-1)
+    return jnp.concatenate([ids, index.overflow])
+
+
+def reduce(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0, coeff=None,
+           shared: bool = False, row_grads: bool = True) -> K.Partial:
     """The :class:`~growmem.kernels.Partial` of ``kernel`` for each query over the rows of its ``nprobe``
-    nearest lists and the overflow list (rows of the table ``k``, ``v``, ``w``, ``coeff`` by id)."""
+    nearest lists and the overflow list (rows of the table ``k``, ``v``, ``w``, ``coeff`` by id).
+
+    ``shared=True``: every query of the batch attends over the union of the lists the batch probes — its
+    own among them, so never fewer rows than alone, and a query's answer depends on its batch. The union
+    (padded to ``B · nprobe`` lists: static shapes) is gathered once and reduced by
+    :func:`growmem.kernels.reduce` (the native kernel on CPUs, its custom VJP; ``row_grads`` as there):
+    one dense product, but every query meets every slot, ``B`` times the dot products of per-query
+    probing."""
     kern = _local(kernel)
     if kern.form != index.form:
         raise ConfigError(f"the index was built for {index.form} scores and the {kern.name} kernel scores by "
@@ -239,6 +262,15 @@ def reduce(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0,
     q = jnp.asarray(q)
     q = q if jnp.issubdtype(q.dtype, jnp.floating) else q.astype(jnp.float32)
     K._check(q, k, v, w, coeff, kern.normalised)
+    if shared:
+        ids = shared_candidates(index, q, nprobe)                    # (R,)
+        valid = ids >= 0
+        at = jnp.maximum(ids, 0)
+        k = jnp.asarray(k)
+        kk = jnp.where(valid[:, None], k[at], jnp.zeros((), k.dtype))   # a padded slot scores as a zero key
+        c = valid.astype(q.dtype) if coeff is None else jnp.where(valid, jnp.asarray(coeff, q.dtype)[at], 0.0)
+        return K.reduce(kern, q, kk, jnp.asarray(v)[at], None if w is None else jnp.asarray(w)[at],
+                        temperature=temperature, coeff=c, row_grads=row_grads)
     ids = candidates(index, q, nprobe)                               # (B, R)
     valid = ids >= 0
     at = jnp.maximum(ids, 0)
@@ -265,10 +297,12 @@ def reduce(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0,
     return K.Partial(m if kern.normalised else m_safe, num, den)
 
 
-def retrieve(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0, coeff=None):
+def retrieve(kernel, index: IVF, q, k, v, w=None, *, nprobe: int, temperature=1.0, coeff=None,
+             shared: bool = False):
     """``y:(B, d_out)``: :func:`reduce` finished (``num / den`` for the normalised kernels)."""
     kern = _local(kernel)
-    return kern.finish(reduce(kern, index, q, k, v, w, nprobe=nprobe, temperature=temperature, coeff=coeff))
+    return kern.finish(reduce(kern, index, q, k, v, w, nprobe=nprobe, temperature=temperature, coeff=coeff,
+                              shared=shared))
 
 
 def recall(index: IVF, q, k, *, nprobe: int, top: int = 10, size: Optional[int] = None) -> jax.Array:

@@ -30,14 +30,16 @@ def _rel(a, b):
     return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["per_query", "shared"])
 @pytest.mark.parametrize("kernel", LOCAL)
-def test_probing_every_list_is_the_exact_scan_values_and_gradients(kernel):
+def test_probing_every_list_is_the_exact_scan_values_and_gradients(kernel, shared):
     q, k, v, w, c = _clustered()
     ix = _index(kernel, k)
     T = 0.5
 
     def loss_ix(q, k, v, w, T):
-        return jnp.sum(jnp.sin(I.retrieve(kernel, ix, q, k, v, w, nprobe=ix.n_lists, temperature=T, coeff=c)))
+        return jnp.sum(jnp.sin(I.retrieve(kernel, ix, q, k, v, w, nprobe=ix.n_lists, temperature=T, coeff=c,
+                                          shared=shared)))
 
     def loss_exact(q, k, v, w, T):
         return jnp.sum(jnp.sin(K.retrieve(kernel, q, k, v, w, temperature=T, coeff=c)))
@@ -49,7 +51,7 @@ def test_probing_every_list_is_the_exact_scan_values_and_gradients(kernel):
     for name, a, b in zip("qkvwT", g_ix, g_ex):
         if kernel != "weighted_softmax" and kernel != "nadaraya_watson" and name == "w":
             continue                                  # RBF reads no weights: both gradients are None / 0
-        assert _rel(a, b) < 1e-4, name
+        assert _rel(a, b) < 1e-3, name                 # float32 sums in another order
 
 
 def test_every_row_is_indexed_once_in_a_list_or_the_overflow_list():
@@ -100,6 +102,21 @@ def test_a_few_lists_of_clustered_rows_recall_the_nearest_rows_and_the_result(ke
     assert float(I.recall(ix, q, k, nprobe=4, top=10).mean()) >= 0.95
     assert _rel(four, exact) < 0.01
     assert _rel(four, exact) <= _rel(one, exact)
+
+
+def test_a_shared_probe_reads_every_list_its_queries_would_read_alone_each_once():
+    q, k, v, w, c = _clustered(n=2000)
+    ix = _index("weighted_softmax", k)
+    own = np.asarray(I.candidates(ix, q, 2))
+    union = np.asarray(I.shared_candidates(ix, q, 2))
+    valid = union[union >= 0]
+    assert len(valid) == len(set(valid.tolist()))                            # no row twice
+    assert set(own[own >= 0].tolist()) == set(valid.tolist())
+    exact = K.retrieve("weighted_softmax", q, k, v, w, temperature=0.3)
+    alone = I.retrieve("weighted_softmax", ix, q, k, v, w, nprobe=2, temperature=0.3)
+    shared = I.retrieve("weighted_softmax", ix, q, k, v, w, nprobe=2, temperature=0.3, shared=True)
+    # each query's rows in the shared read include its own: on clustered rows no worse than alone
+    assert _rel(shared, exact) <= _rel(alone, exact) + 1e-6
 
 
 def test_the_partial_merges_with_the_exact_partial_of_rows_not_yet_indexed():
@@ -158,12 +175,15 @@ def test_the_benchmark_smoke_preset_writes_its_json_and_plot(tmp_path):
     doc = json.loads((tmp_path / "indexed.json").read_text())
     assert doc["summary"]["n"] == 6_000 and (tmp_path / "indexed.png").read_bytes()[:4] == b"\x89PNG"
     for r in doc["results"]:
-        ix = r["indexed"]
+        ix = r["indexed"]["per_query"]
         # more lists probed: every exact top row found so far stays found, and the error does not grow
         assert ix["2"]["recall_at_10"] <= ix["8"]["recall_at_10"]
         for t in ("0.05", "0.5"):
             assert ix["8"]["errors_by_temperature"][t]["rel_error_y"] <= ix["2"]["errors_by_temperature"][t]["rel_error_y"]
         # the sharper kernel puts more of its weight on the nearest lists
         assert ix["8"]["errors_by_temperature"]["0.05"]["rel_error_y"] < ix["8"]["errors_by_temperature"]["0.5"]["rel_error_y"]
-        assert r["n_overflow"] >= 0 and ix["8"]["rows_read_per_query"] == 8 * r["list_capacity"] + r["overflow"]
-    assert set(summary["by_nprobe"]) == {"2", "8"}
+        assert ix["8"]["scores_per_batch"] == 4 * (8 * r["list_capacity"] + r["overflow"])        # B = 4
+        sh = r["indexed"]["shared"]
+        assert sh["8"]["scores_per_batch"] == 4 * (4 * 8 * r["list_capacity"] + r["overflow"])
+        assert sh["8"]["errors_by_temperature"]["0.05"]["rel_error_y"] <= ix["8"]["errors_by_temperature"]["0.05"]["rel_error_y"] + 1e-6
+    assert set(summary["by_mode_and_nprobe"]) == {"per_query", "shared"}

@@ -53,10 +53,11 @@ def test_before_train_at_it_is_the_ram_trainer_bit_for_bit():
     np.testing.assert_array_equal(got, np.asarray(ram.predict(x[:32])))
 
 
-def test_probing_every_list_trains_as_the_exact_scan_and_every_row_is_in_one_list():
+@pytest.mark.parametrize("shared", [False, True], ids=["per_query", "shared"])
+def test_probing_every_list_trains_as_the_exact_scan_and_every_row_is_in_one_list(shared):
     """With nprobe = n_lists the indexed retrieval is the exact one over the same rows: the same run."""
     x, y = _data(30)
-    ram, ix = _trainer(), _trainer(Indexed(6, 6, train_at=6 * B))
+    ram, ix = _trainer(), _trainer(Indexed(6, 6, train_at=6 * B, shared=shared))
     _run(ram, x, y, 30)
     _run(ix, x, y, 30)
     ivf = _ivf(ix)

@@ -4,8 +4,9 @@
 ``train_at`` rows; between two steps it then trains ``n_lists`` k-means centroids on the rows in use and
 indexes them (the index lives in ``mem.ext["ivf"]``), and from there on:
 
-- a step's retrieval attends over the rows of each query's ``nprobe`` nearest lists only
-  (:func:`growmem.index.reduce`; the local kernels only: weighted softmax, RBF, Nadaraya–Watson);
+- a step's retrieval attends over the rows of the ``nprobe`` nearest lists only (:func:`growmem.index.reduce`;
+  the local kernels only: weighted softmax, RBF, Nadaraya–Watson); with ``shared=True`` each query over the
+  union of the lists its batch probes, gathered once and reduced by the exact kernel;
 - appended rows join the list of their nearest centroid inside the jitted step;
 - before each step the lists are checked for room for the step's rows (one device read of the fullest
   list's count); a list that could overflow doubles every list's capacity, the rows re-assigned to the
@@ -38,8 +39,8 @@ class Indexed(RAM):
 
     name = "indexed"
 
-    def __init__(self, n_lists: int, nprobe: int, *, train_at: Optional[int] = None, iters: int = 10,
-                 sample_per_list: int = 64, seed: int = 0):
+    def __init__(self, n_lists: int, nprobe: int, *, train_at: Optional[int] = None, shared: bool = False,
+                 iters: int = 10, sample_per_list: int = 64, seed: int = 0):
         for what, v, lo in (("n_lists", n_lists, 1), ("nprobe", nprobe, 1), ("iters", iters, 1),
                             ("sample_per_list", sample_per_list, 1)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -52,12 +53,15 @@ class Indexed(RAM):
                               f"that many rows; got {train_at!r}")
         self.n_lists, self.nprobe, self.train_at = int(n_lists), int(nprobe), int(train_at)
         self.iters, self.sample_per_list, self.seed = int(iters), int(sample_per_list), int(seed)
+        self.shared = bool(shared)
 
     def _key(self):
-        return (type(self), self.n_lists, self.nprobe, self.train_at, self.iters, self.sample_per_list, self.seed)
+        return (type(self), self.n_lists, self.nprobe, self.train_at, self.shared, self.iters, self.sample_per_list,
+                self.seed)
 
     def __repr__(self):
-        return f"Indexed(n_lists={self.n_lists}, nprobe={self.nprobe}, train_at={self.train_at})"
+        return (f"Indexed(n_lists={self.n_lists}, nprobe={self.nprobe}, train_at={self.train_at}, "
+                f"shared={self.shared})")
 
     def __eq__(self, other):
         return isinstance(other, Indexed) and other._key() == self._key()
@@ -72,7 +76,8 @@ class Indexed(RAM):
             return super().reduce(kern, mem, q, coeff_fn, row_grads=row_grads)
         coeff = None if coeff_fn is None else coeff_fn(mem.born, mem.t)
         k, v, w = (mem.k, mem.v, mem.w) if row_grads else jax.lax.stop_gradient((mem.k, mem.v, mem.w))
-        return ivf.reduce(kern, ix, q, k, v, w, nprobe=self.nprobe, temperature=_temperature(mem), coeff=coeff)
+        return ivf.reduce(kern, ix, q, k, v, w, nprobe=self.nprobe, temperature=_temperature(mem), coeff=coeff,
+                          shared=self.shared, row_grads=row_grads)
 
     def append(self, mem, w, k, v, born, mask=None):
         out = memlib.append(mem, w, k, v, born, mask)
