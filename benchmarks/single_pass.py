@@ -72,12 +72,18 @@ REFERENCE_HYBRID_S_PER_STEP = (2.2, 4.2)
 
 PRESETS = {
     "smoke": dict(n_train=640, n_test=200, sample_every=8, cap=256, cap_window=8,
-                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=64),
+                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped", "indexed"), bandwidth_mb=64,
+                  index=dict(n_lists=8, nprobe=2, train_at=128)),
+    # indexed (issue 31): ~4 sqrt(N) lists at the pass's 60,000 rows, a thirtieth of them probed per query
     "cpu": dict(n_train=60_000, n_test=10_000, sample_every=75, cap=4900, cap_window=150,
-                runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=1024),
+                runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=1024,
+                index=dict(n_lists=1024, nprobe=32, train_at=16_384)),
     "paper": dict(n_train=60_000, n_test=10_000, sample_every=75, cap=4900, cap_window=300,
-                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=2048),
+                  runs=("weighted_softmax", "xla", "bf16", "gauge", "hybrid", "capped"), bandwidth_mb=2048,
+                  index=dict(n_lists=1024, nprobe=32, train_at=16_384)),
 }
+#: runs a preset may name beyond its default ones (``--runs indexed``)
+EXTRA_RUNS = ("indexed",)
 
 
 # ----------------------------------------------------------------------------- data and bandwidth
@@ -177,7 +183,7 @@ def kernels_used(tr) -> str:
     return f"native:{isa}" if isa else "xla"
 
 
-def build(preset_name, d_out, sample, *, bf16=False, policy_extra=None, capacity=None):
+def build(preset_name, d_out, sample, *, bf16=False, policy_extra=None, capacity=None, backend=None):
     pre = config.load(preset_name)
     if bf16:
         pre = dataclasses.replace(pre, block=dataclasses.replace(pre.block, row_dtype="bfloat16"),
@@ -186,7 +192,7 @@ def build(preset_name, d_out, sample, *, bf16=False, policy_extra=None, capacity
         pre = dataclasses.replace(pre, policy_entries=tuple(pre.policy_entries) + (policy_extra,))
     if capacity is not None:
         pre = dataclasses.replace(pre, capacity=capacity)
-    return pre, pre.trainer(sample, d_out)
+    return pre, pre.trainer(sample, d_out, **({} if backend is None else {"backend": backend}))
 
 
 def accuracy(tr, xt, yt, batch=1000) -> float:
@@ -203,11 +209,11 @@ def floors(r, bw):
     return r
 
 
-def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None, bar=None) -> dict:
+def single_pass(label, preset_name, data, cfg, *, bf16=False, policy_extra=None, bar=None, backend=None) -> dict:
     """Train one pass; the records of wall time against rows, the sampled breakdown and rusage."""
     x, y, xt, yt = data
     b = config.load(preset_name).settings["batch_size"]
-    pre, tr = build(preset_name, 10, x[:b], bf16=bf16, policy_extra=policy_extra)
+    pre, tr = build(preset_name, 10, x[:b], bf16=bf16, policy_extra=policy_extra, backend=backend)
     used = kernels_used(tr)
     steps = len(x) // b
     compile_s = [0.0]
@@ -374,6 +380,9 @@ def main(argv=None):
     malloc["huge_pages"] = "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", "")
     cfg = PRESETS[args.preset]
     wanted = tuple(args.runs.split(",")) if args.runs else cfg["runs"]
+    unknown = sorted(set(wanted) - set(cfg["runs"]) - set(EXTRA_RUNS))
+    if unknown:
+        raise SystemExit(f"unknown runs {unknown}; this preset's runs are {', '.join(cfg['runs'] + EXTRA_RUNS)}")
     data = load(cfg, args.data_dir)
     x = data[0]
     t_start = time.perf_counter()
@@ -440,12 +449,28 @@ def main(argv=None):
             summary["capped"] = {"ms_per_step": r["capped_ms_per_step"],
                                  "uncapped_ms_per_step_same_rows": r["uncapped_ms_per_step_same_rows"],
                                  "ratio": r["ratio"], "cap": r["cap"], "accuracy": r["accuracy"]}
+        if "indexed" in wanted:
+            from growmem.backends.indexed import Indexed
+            r = single_pass("weighted_softmax fp32 indexed", "weighted_softmax", data, cfg, bar=bar,
+                            backend=Indexed(**cfg["index"]))
+            tr = r.pop("trainer")
+            # the rows each layer's index holds at the end (0 where it was never trained)
+            r["indexed_rows"] = {"/".join(p): int(m.ext["ivf"].counts.sum()) if m.ext and "ivf" in m.ext else 0
+                                 for p, m in tr.memories().items()}
+            del tr
+            runs.append(r)
+            _report(bar, r)
+            summary["indexed"] = {"wall_s": r["wall_s"], "accuracy": r["accuracy"], "index": cfg["index"],
+                                  "kernels": r["kernels"], "indexed_rows": r["indexed_rows"], "rows": r["rows"]}
+            if "wall_s" in summary:
+                summary["indexed"].update(speedup_vs_exact=summary["wall_s"] / r["wall_s"],
+                                          accuracy_minus_exact=r["accuracy"] - summary["accuracy"])
     load_after = os.getloadavg()[0]
     # how malloc ran (growmem.runtime): freed buffers kept in the process, huge-page backed memory
     flags = {"keep_freed_memory": malloc["applied"], "huge_pages": malloc["huge_pages"]}
     for r in runs:
         r.update(flags)
-    for k in ("xla", "bf16", "gauge", "hybrid", "capped"):
+    for k in ("xla", "bf16", "gauge", "hybrid", "capped", "indexed"):
         if k in summary:
             summary[k].update(flags)
     if "weighted_softmax" in wanted:

@@ -51,3 +51,19 @@ def test_single_pass_smoke_writes_the_floor_the_capped_ratio_and_merges_runs(tmp
     assert m["wall_s"] == s["wall_s"] and m["capped"] == c            # the first invocation's runs are kept
     assert 0 < m["gauge"]["accuracy"] <= 1 and m["gauge"]["wall_s"] > 0
     assert [i["runs"] for i in merged["invocations"]] == [["weighted_softmax", "capped"], ["gauge"]]
+
+    # the indexed pass (issue 31): the same preset read through an inverted-file index, merged in
+    _, merged = _run(tmp_path, "indexed", "--merge")
+    ix = merged["summary"]["indexed"]
+    assert 0 < ix["accuracy"] <= 1 and ix["wall_s"] > 0 and ix["index"] == {"n_lists": 8, "nprobe": 2, "train_at": 128}
+    assert merged["summary"]["gauge"] == m["gauge"]
+    assert ix["indexed_rows"] == ix["rows"] and min(ix["rows"].values()) > 128     # every row in a list
+
+
+def test_an_unknown_run_is_one_line_naming_the_runs(tmp_path):
+    args = [sys.executable, str(ROOT / "benchmarks" / "single_pass.py"), "--preset", "smoke", "--runs", "bogus",
+            "--out", str(tmp_path)]
+    res = subprocess.run(args, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode != 0 and "unknown runs ['bogus']" in res.stderr and "indexed" in res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "single_pass.json").exists()
