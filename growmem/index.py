@@ -124,16 +124,20 @@ def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int
     if not bool(jnp.all(jnp.isfinite(x))):
         raise ConfigError("the rows the centroids are trained on hold non-finite values")
     c = x[jax.random.choice(k_init, x.shape[0], (int(n_lists),), replace=False)]
+    return _lloyd(c, x, int(iters))
 
-    @jax.jit
-    def lloyd(c, _):
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _lloyd(c, x, iters: int):
+    """``iters`` Lloyd iterations from the centres ``c`` over the rows ``x`` (both traced: a captured array
+    would be folded into the program as a constant)."""
+    def step(c, _):
         a = _nearest(x, c)
         total = jax.ops.segment_sum(x, a, num_segments=c.shape[0])
         cnt = jax.ops.segment_sum(jnp.ones(x.shape[:1], x.dtype), a, num_segments=c.shape[0])
         return jnp.where(cnt[:, None] > 0, total / jnp.maximum(cnt, 1.0)[:, None], c), None
 
-    c, _ = jax.lax.scan(lloyd, c, None, length=int(iters))
-    return c
+    return jax.lax.scan(step, c, None, length=iters)[0]
 
 
 def empty(centroids, list_capacity: int, *, overflow: int = 256, kernel="weighted_softmax") -> IVF:
