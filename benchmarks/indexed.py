@@ -22,6 +22,7 @@ speed-up, errors and recall, and the load average around the run.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -77,6 +78,11 @@ def shape(n: int, cfg: dict) -> dict:
                 sample=cfg["sample_per_list"] * n_lists)
 
 
+@functools.partial(jax.jit, static_argnums=(3,))
+def _recall(index, q, k, nprobe):
+    return ivf.recall(index, q, k, nprobe=nprobe)
+
+
 def measure(n: int, cfg: dict, bar) -> dict:
     k, v, w, centres = rows(n, cfg)
     kj, vj, wj = map(jnp.asarray, (k, v, w))
@@ -86,21 +92,30 @@ def measure(n: int, cfg: dict, bar) -> dict:
     index = jax.block_until_ready(ivf.build(KERNEL, k, key=jax.random.key(0), **sh))
     build_s = time.perf_counter() - t0
 
-    def exact_y(q, T):
-        return kernels.retrieve(KERNEL, q, kj, vj, wj, temperature=T, row_grads=False)
+    # the rows and the index are arguments of every jitted function (a captured array would be compiled in
+    # as a constant)
+    rows_ = (kj, vj, wj)
+
+    def exact_y(q, T, rows, index):
+        k_, v_, w_ = rows
+        return kernels.retrieve(KERNEL, q, k_, v_, w_, temperature=T, row_grads=False)
 
     def indexed_y(p, mode):
-        return lambda q, T: ivf.retrieve(KERNEL, index, q, kj, vj, wj, nprobe=p, temperature=T,
-                                         shared=mode == "shared")
+        def f(q, T, rows, index):
+            k_, v_, w_ = jax.lax.stop_gradient(rows)
+            return ivf.retrieve(KERNEL, index, q, k_, v_, w_, nprobe=p, temperature=T, shared=mode == "shared")
+        return f
 
     def step(f):   # the layer's forward pass and its gradient with respect to q and T
-        return jax.jit(jax.value_and_grad(lambda q, T: jnp.sum(jnp.sin(f(q, T))), argnums=(0, 1)))
+        return jax.jit(jax.value_and_grad(lambda q, T, rows, index: jnp.sum(jnp.sin(f(q, T, rows, index))),
+                                          argnums=(0, 1)))
 
     variants = {f"{mode} {p}": (mode, p) for mode in MODES for p in cfg["nprobe"]}
     steps = {"exact": step(exact_y), **{name: step(indexed_y(p, mode)) for name, (mode, p) in variants.items()}}
     qs = queries(centres, cfg["queries"], cfg)
     qb = jnp.asarray(qs[:cfg["batch"]])
-    times = _common.time_interleaved({name: (lambda f=f: f(qb, T)) for name, f in steps.items()}, cfg["repeats"])
+    times = _common.time_interleaved({name: (lambda f=f: f(qb, T, rows_, index)) for name, f in steps.items()},
+                                     cfg["repeats"])
     # errors over all the queries (in batches of B), against the exact step on the same state, at each T: the
     # sharper the kernel (the smaller T), the more of its weight the nearest lists hold
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
@@ -112,14 +127,15 @@ def measure(n: int, cfg: dict, bar) -> dict:
     for t in cfg["temperatures"]:
         ys, gs = {}, {}
         for name, f in fns.items():
-            fy, g = jax.jit(f), jax.jit(jax.grad(lambda q, T, f=f: jnp.sum(jnp.sin(f(q, T)))))
-            ys[name] = np.concatenate([np.asarray(fy(qb_, jnp.float32(t))) for qb_ in batches])
-            gs[name] = np.concatenate([np.asarray(g(qb_, jnp.float32(t))) for qb_ in batches])
+            fy = jax.jit(f)
+            g = jax.jit(jax.grad(lambda q, T, rows, index, f=f: jnp.sum(jnp.sin(f(q, T, rows, index)))))
+            ys[name] = np.concatenate([np.asarray(fy(qb_, jnp.float32(t), rows_, index)) for qb_ in batches])
+            gs[name] = np.concatenate([np.asarray(g(qb_, jnp.float32(t), rows_, index)) for qb_ in batches])
         for name in variants:
             errors[name][str(t)] = {"rel_error_y": rel(ys[name], ys["exact"]),
                                     "rel_error_grad_q": rel(gs[name], gs["exact"])}
     for name, (mode, p) in variants.items():
-        rec = np.concatenate([np.asarray(ivf.recall(index, qb_, kj, nprobe=p)) for qb_ in batches])
+        rec = np.concatenate([np.asarray(_recall(index, qb_, kj, p)) for qb_ in batches])
         out["indexed"].setdefault(mode, {})[str(p)] = {
             "ms": 1e3 * _common.median(times[name]), "speedup": _common.paired_ratio(times, "exact", name),
             "errors_by_temperature": errors[name], "recall_at_10": float(rec.mean()),
