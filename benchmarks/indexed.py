@@ -73,9 +73,10 @@ def queries(centres, m: int, cfg: dict, seed: int = 1):
 
 
 def shape(n: int, cfg: dict) -> dict:
+    """The index's settings for ``n`` rows: ``lists_per_sqrt_n · √n`` lists, k-means on ``sample_per_list`` rows a
+    list; the list capacity from the rows' nearest assignment (:func:`growmem.index.list_capacity_for`)."""
     n_lists = max(1, min(n // 8, int(round(cfg["lists_per_sqrt_n"] * math.sqrt(n)))))
-    return dict(n_lists=n_lists, list_capacity=int(math.ceil(2 * n / n_lists)), overflow=1024,
-                sample=cfg["sample_per_list"] * n_lists)
+    return dict(n_lists=n_lists, overflow=1024, sample=cfg["sample_per_list"] * n_lists)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))
@@ -119,6 +120,7 @@ def measure(n: int, cfg: dict, bar) -> dict:
     # errors over all the queries (in batches of B), against the exact step on the same state, at each T: the
     # sharper the kernel (the smaller T), the more of its weight the nearest lists hold
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))  # noqa: E731
+    sh = {**sh, "list_capacity": index.list_capacity, "mean_list": n / index.n_lists}
     out = {"n": n, "build_s": build_s, **sh, "n_overflow": int(index.n_overflow),
            "exact_ms": 1e3 * _common.median(times["exact"]), "indexed": {}}
     fns = {"exact": exact_y, **{name: indexed_y(p, mode) for name, (mode, p) in variants.items()}}

@@ -29,6 +29,7 @@ distance kernels (RBF, Nadaraya–Watson) the smallest ``‖q − c‖²``. Rows
 from __future__ import annotations
 
 import functools
+import math
 from typing import Optional
 
 import jax
@@ -208,12 +209,30 @@ def add(index: IVF, k_new, ids, mask=None, *, alternatives: int = 4) -> IVF:
     return out
 
 
-def build(kernel, k, *, n_lists: int, list_capacity: int, key, size: Optional[int] = None, overflow: int = 256,
-          iters: int = 10, alternatives: int = 4, sample: Optional[int] = None) -> IVF:
+#: :func:`build` without a ``list_capacity``: this many times the fullest list of the rows' nearest
+#: assignment (k-means leaves lists uneven; a list too short for its rows sends them to farther lists, where
+#: the queries near them do not look)
+LIST_HEADROOM = 1.25
+
+
+def list_capacity_for(k, centroids, *, size: Optional[int] = None, headroom: float = LIST_HEADROOM) -> int:
+    """The list capacity that holds every row of ``k[:size]`` in its nearest list with ``headroom``, rounded
+    up to a multiple of 8."""
+    n = int(np.shape(k)[0] if size is None else size)
+    a = _nearest(jnp.asarray(np.asarray(k[:n]), jnp.float32), jnp.asarray(centroids, jnp.float32))
+    fullest = int(jnp.bincount(a, length=int(np.shape(centroids)[0])).max())
+    return int(8 * math.ceil(max(1, fullest) * headroom / 8))
+
+
+def build(kernel, k, *, n_lists: int, key, list_capacity: Optional[int] = None, size: Optional[int] = None,
+          overflow: int = 256, iters: int = 10, alternatives: int = 4, sample: Optional[int] = None) -> IVF:
     """An index over the rows ``k[:size]``: k-means centroids (:func:`train_centroids`, on ``sample`` rows),
-    then every row added, :data:`ASSIGN_CHUNK` rows a call."""
+    then every row added, :data:`ASSIGN_CHUNK` rows a call. ``list_capacity`` None: from the rows' nearest
+    assignment (:func:`list_capacity_for`)."""
     n = int(np.shape(k)[0] if size is None else size)
     c = train_centroids(k, n_lists, key=key, iters=iters, size=n, sample=sample)
+    if list_capacity is None:
+        list_capacity = list_capacity_for(k, c, size=n)
     ix = empty(c, list_capacity, overflow=overflow, kernel=kernel)
     for start in range(0, n, ASSIGN_CHUNK):
         stop = min(n, start + ASSIGN_CHUNK)

@@ -17,7 +17,6 @@ exact. The index is saved with the rows, so a resumed run reads the same lists (
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -121,7 +120,8 @@ class Indexed(RAM):
     def _build(self, mem, n: int, extra: int):
         c = ivf.train_centroids(mem.k, self.n_lists, key=jax.random.key(self.seed), iters=self.iters, size=n,
                                 sample=self.sample_per_list * self.n_lists)
-        return self._index(mem, c, n, max(64, int(math.ceil(2 * (n + extra) / self.n_lists))))
+        # room for the fullest list of the rows' nearest assignment, and for the next step's rows
+        return self._index(mem, c, n, ivf.list_capacity_for(mem.k, c, size=n) + int(extra))
 
     def _index(self, mem, centroids, n: int, list_capacity: int):
         """``mem`` with every row in use assigned to ``centroids``' lists of ``list_capacity`` rows."""
