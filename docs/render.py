@@ -579,7 +579,10 @@ def render_headline(continual, repro_single, single, hybrid, spill) -> str:
         top = max(ours, key=lambda m: s[m]["accuracy_mean"])
         rival = max(others, key=lambda m: s[m]["accuracy_mean"])
         knn = [m for m in s if m.startswith("knn:")]
-        rows.append([f"{st}: final accuracy within {mb(continual['config']['budget_bytes'])} MB",
+        planned = continual["config"]["methods"][st]
+        ran = f" ({len([m for m in planned if m in s])} of {len(planned)} methods run)" \
+            if any(m not in s for m in planned) else ""
+        rows.append([f"{st}: final accuracy within {mb(continual['config']['budget_bytes'])} MB{ran}",
                      f"`{top}` **{_acc(s[top])}**",
                      f"best other method within the budget `{rival}` {_acc(s[rival])}"
                      + (f"; `{knn[0]}` {_acc(s[knn[0]])}" if knn and knn[0] != rival else ""), "`continual.json`"])
