@@ -199,8 +199,9 @@ def plot(doc, path):
         labels, vals, colors = [], [], []
         for k, (m, r) in enumerate(doc["streams"][stream].items()):
             for res in r["results"]:
-                labels.append(f"{m} {json.dumps(res['settings'], sort_keys=True)[:40]}")
-                vals.append(res["accuracy"])
+                refused = res["accuracy"] is None
+                labels.append(f"{m} {json.dumps(res['settings'], sort_keys=True)[:40]}" + (" (refused)" if refused else ""))
+                vals.append(0.0 if refused else res["accuracy"])
                 colors.append("C3" if res["settings"] == r["chosen"] else f"C{k % 10}")
         ax.barh(range(len(vals)), vals, color=colors)
         ax.set_yticks(range(len(vals)), labels, fontsize=5)
