@@ -253,6 +253,15 @@ def test_a_chosen_value_on_the_grids_edge_is_extended_past_it_until_inside_or_a_
     assert tune.edges("net:x", lo, tune.choose(lo, 1))["replay.samples"]["reason"] == "1 is the bound of replay.samples"
 
 
+
+def test_the_tuning_plot_draws_a_refused_point(tmp_path):
+    tune = _tune_module()
+    doc = {"streams": {"permuted_mnist": {"m": {"results": [_row(0.5, lr=0.1), _row(None, error="no", lr=1.0)],
+                                                "chosen": {"lr": 0.1}}}}}
+    tune.plot(doc, tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_tuning_chooses_on_the_validation_split_within_the_budget(tmp_path):
     tune = _tune_module()
     rows = [{"settings": {"a": 1}, "accuracy": 0.9, "within_budget": False},
