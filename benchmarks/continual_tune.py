@@ -146,8 +146,8 @@ def edges(method: str, results, chosen, extended=None) -> dict:
         return {}
     out = {}
     for key, v in _flat(chosen).items():
-        vals = lambda rs: sorted({_flat(r["settings"])[key] for r in rs if _numeric(_flat(r["settings"]).get(key))})  # noqa: E731
-        tried = vals([r for r in results if r.get("error") is None])
+        tried = sorted({_flat(r["settings"])[key] for r in results
+                        if r.get("error") is None and _numeric(_flat(r["settings"]).get(key))})
         if not _numeric(v) or len(tried) < 2 or v not in (tried[0], tried[-1]):
             continue
         side = "low" if v == tried[0] else "high"
@@ -200,7 +200,8 @@ def plot(doc, path):
         for k, (m, r) in enumerate(doc["streams"][stream].items()):
             for res in r["results"]:
                 refused = res["accuracy"] is None
-                labels.append(f"{m} {json.dumps(res['settings'], sort_keys=True)[:40]}" + (" (refused)" if refused else ""))
+                labels.append(f"{m} {json.dumps(res['settings'], sort_keys=True)[:40]}"
+                              + (" (refused)" if refused else ""))
                 vals.append(0.0 if refused else res["accuracy"])
                 colors.append("C3" if res["settings"] == r["chosen"] else f"C{k % 10}")
         ax.barh(range(len(vals)), vals, color=colors)

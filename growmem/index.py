@@ -10,15 +10,16 @@ linear kernel is not local (every row weighs ``⟨k_i, q⟩``) and stays exact: 
 The index holds row ids, not rows: the rows stay in the memory's table (``k``, ``v``, ``w`` of
 :mod:`growmem.memory`), and a query gathers the rows of its lists from there.
 
-- :func:`train_centroids`: k-means on the first rows (Lloyd's iterations; seeded).
+- :func:`train_centroids`: k-means on the rows or a sample of them (Lloyd's iterations; seeded).
 - :func:`build` / :func:`add`: each row goes to the nearest centroid whose list has room, else to the
   next nearest of the ``alternatives`` nearest, else to the *overflow* list that every query reads
   (exact for those rows); a row that finds no room there either is counted in ``unindexed``, and
   :func:`add` raises :class:`IndexFullError` rather than leave a row no query can reach.
 - :func:`reduce` / :func:`retrieve`: the :class:`growmem.kernels.Partial` (or ``y``) of a kernel over the
   rows of each query's ``nprobe`` lists and the overflow list (``shared=True``: over the union of the
-  lists the batch probes, gathered once and reduced by :func:`growmem.kernels.reduce`). Lists are disjoint, so no row counts
-  twice, and with ``nprobe = n_lists`` the result is the exact one over every indexed row. Gradients
+  lists the batch probes, gathered once and reduced by :func:`growmem.kernels.reduce`). Lists are
+  disjoint, so no row counts twice, and with ``nprobe = n_lists`` the result is the exact one over every
+  indexed row. Gradients
   (``∂/∂q``, ``∂/∂T``, the rows through the gather) are JAX's own: the gathered block is
   ``B × (nprobe · L + overflow)`` rows.
 
