@@ -72,6 +72,11 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int, *, warm
     return out
 
 
+def flat_settings(settings: dict) -> dict:
+    """A continual method's settings as one flat dict: its top-level settings and its preset ``overrides``."""
+    return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}
+
+
 def median(xs) -> float:
     return float(statistics.median(xs))
 

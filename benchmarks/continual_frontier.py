@@ -56,6 +56,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import flat_settings  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist")
 PROTOCOL = "online"
@@ -167,21 +170,20 @@ OFFLINE_TUNE_GRID = {
         (30, 100) if b < 300_000 or (b >= 15_000_000 and s == "rotated_mnist") else
         (30,) if b >= 3_000_000 else ())],
 }
-#: ``{method: {setting: (value, reason)}}`` (or a tuple of such pairs): a chosen value on its grid's edge that is
-#: not extended past, and why
+#: ``{method: {setting: {value: reason}}}``: a chosen value on its grid's edge that is not extended past, and why
 EDGE_REASONS = {
-    "replay_bytes": {"epochs": ((1, "one epoch per experience is the fewest an offline run takes"),
-                                (100, "the gain has flattened (validation 0.9242, 0.9262, 0.9275 at 10, 30, 100 "
-                                      "epochs on Rotated-MNIST at 15.7 MB, one seed) and one 100-epoch run took "
-                                      "2,476 s"))},
-    "knn:dct": {"k": (1, "one neighbour is the fewest kNN takes")},
-    "knn:proj": {"k": (1, "one neighbour is the fewest kNN takes")},
-    "target:proj_merge": {"keys.dim": (
-        300, "the gain has flattened (validation 0.9441, 0.9461, 0.9467 at 150, 200, 300 on Permuted-MNIST at "
-             "15.7 MB, one seed), and a wider key holds fewer rows at the budget")},
-    "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": (
-        1e-05, "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
-               "this preset with hybrid growth off")},
+    "replay_bytes": {"epochs": {
+        1: "one epoch per experience is the fewest an offline run takes",
+        100: "the gain has flattened (validation 0.9242, 0.9262, 0.9275 at 10, 30, 100 epochs on Rotated-MNIST at "
+             "15.7 MB, one seed) and one 100-epoch run took 2,476 s"}},
+    "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
+    "knn:proj": {"k": {1: "one neighbour is the fewest kNN takes"}},
+    "target:proj_merge": {"keys.dim": {
+        300: "the gain has flattened (validation 0.9441, 0.9461, 0.9467 at 150, 200, 300 on Permuted-MNIST at "
+             "15.7 MB, one seed), and a wider key holds fewer rows at the budget"}},
+    "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": {
+        1e-05: "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
+               "this preset with hybrid growth off"}},
 }
 
 PRESETS = {
@@ -404,14 +406,10 @@ def chosen_settings(path) -> dict:
     return {st: {b: {m: e["chosen"] for m, e in ms.items()} for b, ms in bs.items()} for st, bs in doc["streams"].items()}
 
 
-def _flat(settings: dict) -> dict:
-    return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}
-
-
 def on_edge(points, best: int) -> list:
     """The settings of ``points[best]`` that sit at the smallest or largest value the grid tried for them
     (settings tried at one value only are not an edge): ``[]`` when the chosen point is inside the grid."""
-    flat = [_flat(p) for p in points]
+    flat = [flat_settings(p) for p in points]
     out = []
     for k, v in flat[best].items():
         tried = {f[k] for f in flat if k in f}
@@ -420,22 +418,17 @@ def on_edge(points, best: int) -> list:
     return out
 
 
-def _edge_reasons(method: str, key: str) -> list:
-    """``[(value, reason), ...]`` of EDGE_REASONS for one setting (one pair, or a tuple of them)."""
-    r = EDGE_REASONS.get(method, {}).get(key)
-    return [] if r is None else [r] if isinstance(r[0], (int, float)) else list(r)
-
-
 def _tuned_entry(method: str, results: list, seed: int, protocol: str) -> dict:
     """A method's grid at one stream and budget: its points, the best one within the budget, whether that sits
     on the grid's edge (and the reason, where EDGE_REASONS gives one)."""
     ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
     best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
     edge = None if best is None else on_edge([r["settings"] for r in results], best)
-    chosen = None if best is None else _flat(results[best]["settings"])
+    chosen = None if best is None else flat_settings(results[best]["settings"])
     return {"results": results, "chosen": None if best is None else results[best]["settings"], "on_edge": edge,
             "seed": seed, "protocol": protocol,
-            "edge_reasons": {k: why for k in edge or [] for v, why in _edge_reasons(method, k) if chosen[k] == v}}
+            "edge_reasons": {k: EDGE_REASONS[method][k][chosen[k]] for k in edge or []
+                             if chosen[k] in EDGE_REASONS.get(method, {}).get(k, {})}}
 
 
 def grids(cfg, stream: str, protocol: str, methods=None) -> dict:

@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import flat_settings  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist", "drifting_teacher")
 BUDGET = "15.7MB"
@@ -111,19 +114,11 @@ EDGE_REASONS = {m: {"epochs": "one epoch per experience is the fewest an offline
 SETTING_REASONS = {"model.n_blocks": "a network has 0 or 1 residual block in the presets"}
 
 
-def _flat(settings: dict) -> dict:
-    return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}
-
-
 def _with(settings: dict, key: str, value) -> dict:
     """``settings`` with ``key`` (a top-level setting or a preset override) set to ``value``."""
     if key in settings.get("overrides", {}):
         return {**settings, "overrides": {**settings["overrides"], key: value}}
     return {**settings, key: value}
-
-
-def _numeric(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _beyond(end, neighbour):
@@ -142,22 +137,23 @@ def edges(method: str, results, chosen, extended=None) -> dict:
     """``{setting: {"value", "edge": "low" | "high", "values", "extended", "reason"}}`` for every numeric
     setting of the ``chosen`` point at an end of the values tried (a setting tried at one value is no edge);
     ``reason``: why the grid does not go further (None while it may)."""
+    from growmem.repro.core import _numeric
+
     if chosen is None:
         return {}
+    flats = [(flat_settings(r["settings"]), r.get("error")) for r in results]
     out = {}
-    for key, v in _flat(chosen).items():
-        tried = sorted({_flat(r["settings"])[key] for r in results
-                        if r.get("error") is None and _numeric(_flat(r["settings"]).get(key))})
+    for key, v in flat_settings(chosen).items():
+        tried = sorted({f[key] for f, err in flats if err is None and _numeric(f.get(key))})
         if not _numeric(v) or len(tried) < 2 or v not in (tried[0], tried[-1]):
             continue
         side = "low" if v == tried[0] else "high"
         end, nb = (tried[0], tried[1]) if side == "low" else (tried[-1], tried[-2])
-        refused = [r for r in results if r.get("error") is not None and _numeric(_flat(r["settings"]).get(key))
-                   and (_flat(r["settings"])[key] < v if side == "low" else _flat(r["settings"])[key] > v)]
+        refused = [(f[key], err) for f, err in flats if err is not None and _numeric(f.get(key))
+                   and (f[key] < v if side == "low" else f[key] > v)]
         n = (extended or {}).get((key, side), 0)
         why = (EDGE_REASONS.get(method, {}).get(key) or SETTING_REASONS.get(key)
-               or (f"{key} = {_flat(refused[0]['settings'])[key]} beyond it is refused: {refused[0]['error']}"
-                   if refused else None)
+               or (f"{key} = {refused[0][0]} beyond it is refused: {refused[0][1]}" if refused else None)
                or (f"{end} is the bound of {key}" if _beyond(end, nb) is None else None)
                or (f"the extension limit ({EXTEND_STEPS} values beyond the grid) was reached"
                    if n >= EXTEND_STEPS else None))
