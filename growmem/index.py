@@ -39,6 +39,7 @@ import numpy as np
 from flax import struct
 
 from growmem import kernels as K
+from growmem import memory as memlib
 from growmem.errors import ConfigError, GrowmemError
 
 
@@ -123,7 +124,7 @@ def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int
     rows = np.arange(n) if sample is None or sample >= n else np.sort(np.asarray(
         jax.random.choice(k_sample, n, (max(int(sample), int(n_lists)),), replace=False)))
     x = jnp.asarray(np.asarray(k[:n])[rows], jnp.float32)
-    if not bool(jnp.all(jnp.isfinite(x))):
+    if not bool(memlib.finite_rows(x).all()):
         raise ConfigError("the rows the centroids are trained on hold non-finite values")
     c = x[jax.random.choice(k_init, x.shape[0], (int(n_lists),), replace=False)]
     return _lloyd(c, x, int(iters))
@@ -198,7 +199,7 @@ def add(index: IVF, k_new, ids, mask=None, *, alternatives: int = 4) -> IVF:
     ids = jnp.asarray(ids, jnp.int32)
     if ids.shape != (k_new.shape[0],):
         raise ConfigError(f"ids must be ({k_new.shape[0]},), one per key, got shape {tuple(ids.shape)}")
-    if not bool(jnp.all(jnp.isfinite(k_new) | (False if mask is None else ~jnp.asarray(mask, bool)[:, None]))):
+    if not bool((memlib.finite_rows(k_new) | (False if mask is None else ~jnp.asarray(mask, bool))).all()):
         raise ConfigError("a key to index holds non-finite values; the memory's filter keeps such rows out")
     out = add_rows(index, k_new, ids, mask, alternatives=alternatives)
     lost = int(out.unindexed) - int(index.unindexed)
