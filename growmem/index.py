@@ -82,6 +82,12 @@ class IVF:
         return self.counts.sum() + self.n_overflow
 
 
+def is_count(v, lo: int, hi: Optional[int] = None) -> bool:
+    """Whether ``v`` is an integer (not a bool) in ``[lo, hi]``: the one check of every count of an index."""
+    return (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo
+            and (hi is None or v <= hi))
+
+
 def _local(kernel) -> K.Kernel:
     kern = K.get(kernel)
     if not kern.exponential:
@@ -114,7 +120,7 @@ def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int
     """``(n_lists, d)`` k-means centroids of the rows ``k[:size]`` (Lloyd's iterations from ``n_lists`` rows
     drawn without replacement by ``key``; a list left empty keeps its centre). ``sample``: train on that many
     rows drawn at random (FAISS trains on 39-256 rows a list), else on all."""
-    if not isinstance(n_lists, (int, np.integer)) or isinstance(n_lists, bool) or n_lists < 1:
+    if not is_count(n_lists, 1):
         raise ConfigError(f"n_lists must be an integer >= 1, got {n_lists!r}")
     n = int(np.shape(k)[0] if size is None else size)
     if n < n_lists:
@@ -151,7 +157,7 @@ def empty(centroids, list_capacity: int, *, overflow: int = 256, kernel="weighte
     if c.ndim != 2 or c.shape[0] < 1:
         raise ConfigError(f"centroids must be (n_lists, d) with n_lists >= 1, got shape {tuple(c.shape)}")
     for name, v, lo in (("list_capacity", list_capacity, 1), ("overflow", overflow, 0)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        if not is_count(v, lo):
             raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
     return IVF(centroids=c, lists=jnp.full((c.shape[0], int(list_capacity)), -1, jnp.int32),
                counts=jnp.zeros((c.shape[0],), jnp.int32), overflow=jnp.full((int(overflow),), -1, jnp.int32),
@@ -244,7 +250,7 @@ def build(kernel, k, *, n_lists: int, key, list_capacity: Optional[int] = None, 
 
 def _probe(index: IVF, q, nprobe: int):
     """``(B, nprobe)`` the lists each query reads, nearest first."""
-    if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or not 1 <= nprobe <= index.n_lists:
+    if not is_count(nprobe, 1, index.n_lists):
         raise ConfigError(f"nprobe must be an integer in [1, {index.n_lists}] (the index's lists), got {nprobe!r}")
     q = jnp.asarray(q, jnp.float32)
     score = q @ index.centroids.T if index.form == "dot" else -_sq_dist(q, index.centroids)

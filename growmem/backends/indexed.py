@@ -42,12 +42,12 @@ class Indexed(RAM):
                  iters: int = 10, sample_per_list: int = 64, seed: int = 0):
         for what, v, lo in (("n_lists", n_lists, 1), ("nprobe", nprobe, 1), ("iters", iters, 1),
                             ("sample_per_list", sample_per_list, 1)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            if not ivf.is_count(v, lo):
                 raise ConfigError(f"Indexed {what} must be an integer >= {lo}, got {v!r}")
         if nprobe > n_lists:
             raise ConfigError(f"Indexed nprobe ({nprobe}) cannot exceed n_lists ({n_lists})")
         train_at = 16 * int(n_lists) if train_at is None else train_at
-        if isinstance(train_at, bool) or not isinstance(train_at, (int, np.integer)) or train_at < n_lists:
+        if not ivf.is_count(train_at, n_lists):
             raise ConfigError(f"Indexed train_at must be an integer >= n_lists ({n_lists}): k-means starts from "
                               f"that many rows; got {train_at!r}")
         self.n_lists, self.nprobe, self.train_at = int(n_lists), int(nprobe), int(train_at)
