@@ -57,19 +57,21 @@ def rows(n: int, cfg: dict, seed: int = 0):
     """``(k, v, w, centres)``: keys from ``clusters`` Gaussian clusters (unit spread around centres of
     coordinates N(0, 9)), RMS-normalised as a layer's keys are; ṽ ~ N(0, 1); w ~ U(0.5, 1.5)."""
     rng = np.random.default_rng(seed)
-    d = cfg["d"]
-    centres = rng.normal(size=(cfg["clusters"], d)).astype(np.float32) * 3.0
-    k = centres[rng.integers(0, len(centres), n)] + rng.normal(size=(n, d)).astype(np.float32)
-    k /= np.sqrt(np.mean(k * k, axis=1, keepdims=True))
+    centres = rng.normal(size=(cfg["clusters"], cfg["d"])).astype(np.float32) * 3.0
+    k = _near(centres, n, rng)
     v = rng.normal(size=(n, cfg["d_out"])).astype(np.float32)
     w = rng.uniform(0.5, 1.5, n).astype(np.float32)
     return k, v, w, centres
 
 
+def _near(centres, m: int, rng):
+    """``m`` points of the clusters (unit spread), RMS-normalised as a layer's keys and queries are."""
+    x = centres[rng.integers(0, len(centres), m)] + rng.normal(size=(m, centres.shape[1])).astype(np.float32)
+    return x / np.sqrt(np.mean(x * x, axis=1, keepdims=True))
+
+
 def queries(centres, m: int, cfg: dict, seed: int = 1):
-    rng = np.random.default_rng(seed)
-    q = centres[rng.integers(0, len(centres), m)] + rng.normal(size=(m, cfg["d"])).astype(np.float32)
-    return q / np.sqrt(np.mean(q * q, axis=1, keepdims=True))
+    return _near(centres, m, np.random.default_rng(seed))
 
 
 def shape(n: int, cfg: dict) -> dict:
@@ -123,16 +125,18 @@ def measure(n: int, cfg: dict, bar) -> dict:
     sh = {**sh, "list_capacity": index.list_capacity, "mean_list": n / index.n_lists}
     out = {"n": n, "build_s": build_s, **sh, "n_overflow": int(index.n_overflow),
            "exact_ms": 1e3 * _common.median(times["exact"]), "indexed": {}}
-    fns = {"exact": exact_y, **{name: indexed_y(p, mode) for name, (mode, p) in variants.items()}}
+    # the outputs by one jitted function a variant (T is traced: one compilation for every T), ∂/∂q from the
+    # timed steps themselves
+    outputs = {name: jax.jit(f) for name, f in
+               {"exact": exact_y, **{name: indexed_y(p, mode) for name, (mode, p) in variants.items()}}.items()}
     batches = [jnp.asarray(qs[i:i + cfg["batch"]]) for i in range(0, len(qs), cfg["batch"])]
     errors = {name: {} for name in variants}
     for t in cfg["temperatures"]:
         ys, gs = {}, {}
-        for name, f in fns.items():
-            fy = jax.jit(f)
-            g = jax.jit(jax.grad(lambda q, T, rows, index, f=f: jnp.sum(jnp.sin(f(q, T, rows, index)))))
+        for name, fy in outputs.items():
             ys[name] = np.concatenate([np.asarray(fy(qb_, jnp.float32(t), rows_, index)) for qb_ in batches])
-            gs[name] = np.concatenate([np.asarray(g(qb_, jnp.float32(t), rows_, index)) for qb_ in batches])
+            gs[name] = np.concatenate([np.asarray(steps[name](qb_, jnp.float32(t), rows_, index)[1][0])
+                                       for qb_ in batches])
         for name in variants:
             errors[name][str(t)] = {"rel_error_y": rel(ys[name], ys["exact"]),
                                     "rel_error_grad_q": rel(gs[name], gs["exact"])}
