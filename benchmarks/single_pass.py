@@ -192,7 +192,7 @@ def build(preset_name, d_out, sample, *, bf16=False, policy_extra=None, capacity
         pre = dataclasses.replace(pre, policy_entries=tuple(pre.policy_entries) + (policy_extra,))
     if capacity is not None:
         pre = dataclasses.replace(pre, capacity=capacity)
-    return pre, pre.trainer(sample, d_out, **({} if backend is None else {"backend": backend}))
+    return pre, pre.trainer(sample, d_out, backend=backend)
 
 
 def accuracy(tr, xt, yt, batch=1000) -> float:
