@@ -146,7 +146,8 @@ LAYER = {
 }
 POLICIES = {
     "novelty": {"tau": _num(0), "relative": Field("bool", "true or false"),
-                "within_batch": Field("bool", "true or false"), "chunk": _num(1, kind="int")},
+                "within_batch": Field("bool", "true or false"),
+                "admit_replayed": Field("bool", "true or false"), "chunk": _num(1, kind="int")},
     "capacity": {"max_rows": _num(1, kind="int"), "on_full": _enum(*policies.ON_FULL)},
     "weight_decay": {"gamma": _num(0, 1, hi_open=True), "prune_below": _num(0)},
     "momentum": {"mu": _num(0, 1, hi_open=True)},

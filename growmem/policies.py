@@ -96,6 +96,7 @@ class Growth(NamedTuple):
     grads: Any = None     # {"w", "k", "v"}: ∂L/∂(stored rows), for policies that train rows
     targets: Any = None   # (B, ...) the batch's targets, one per candidate (None where a layer proposes
                           # several rows per input)
+    replayed: Any = None  # (B,) candidates from SelfReplay's rehearsal (copies of stored rows), or None
 
 
 @struct.dataclass
@@ -348,11 +349,13 @@ class StepResult(NamedTuple):
     mask: jax.Array        # (B,) candidates that were appended
 
 
-def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None, targets=None) -> StepResult:
+def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None, targets=None,
+         replayed=None) -> StepResult:
     """One growth step of one memory (module docstring, steps 1–5). Pure and jittable.
 
     ``mask:(B,)`` the candidates on offer (all by default; the trainer withholds rows that are
-    not finite); ``targets``: the batch's targets, one per candidate (for :func:`labels`)."""
+    not finite); ``targets``: the batch's targets, one per candidate (for :func:`labels`);
+    ``replayed:(B,)`` the candidates that rehearse stored rows (:class:`growmem.train.SelfReplay`'s)."""
     if pol.trains_rows and grads is None:
         raise ValueError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
                          f"of the stored rows; the Trainer provides them)")
@@ -360,7 +363,7 @@ def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None,
     be = backends.of(mem)
     valid = be.valid_mask(mem)
     offered = jnp.ones((rows.k.shape[0],), bool) if mask is None else jnp.asarray(mask, bool)
-    g = Growth(mem, rows, offered, valid, grads, targets)
+    g = Growth(mem, rows, offered, valid, grads, targets, replayed)
     g, state = pol.admit(g, state)
     g, state = pol.update(g, state)
     g, state = pol.age(g, state)
@@ -460,7 +463,7 @@ def _check_number(name, value, ok, allowed):
 # built-in policies
 
 
-def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
+def novelty(tau: float, *, relative: bool = False, within_batch: bool = False, admit_replayed: bool = False,
             chunk: int = NOVELTY_CHUNK) -> Policy:
     """Admit a candidate only if ``min_j ‖q − k_j‖₂ > τ`` over the stored rows (Alg. 4 line 9).
 
@@ -471,6 +474,11 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
                   True: candidates are also compared, in batch order, with the candidates
                   of the same batch admitted before them (greedy), so no two admitted rows
                   are within τ of each other.
+    admit_replayed  False (the paper): every candidate is tested. True: a candidate that
+                  rehearses a stored row (:class:`growmem.train.SelfReplay`'s samples, marked
+                  ``Growth.replayed``) enters untested — it is a copy of a stored key, at
+                  distance 0, so the test would refuse every rehearsal; the stream's
+                  samples are still tested.
     chunk         rows per chunk of the distance search
 
     The search runs wherever the rows live (in RAM, on every shard, over a disk tier: the
@@ -486,21 +494,27 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False,
         thr = tau * math.sqrt(q.shape[1]) if relative else tau
         thr2 = jnp.asarray(thr * thr, q.dtype)
         d2 = backends.min_sq_distance(g.mem, q, chunk=chunk)
-        ok = g.mask & (d2 > thr2)
+        novel = d2 > thr2
+        if admit_replayed and g.replayed is not None:
+            novel = novel | g.replayed
+        ok = g.mask & novel
         if within_batch:
             q2 = jnp.sum(q * q, axis=1)
             near = (q2[:, None] + q2[None, :] - 2.0 * (q @ q.T)) <= thr2   # (B, B)
 
+            free = g.replayed if (admit_replayed and g.replayed is not None) else jnp.zeros_like(ok)
+
             def body(n, adm):
                 earlier = jnp.arange(q.shape[0]) < n
                 blocked = jnp.any(adm & earlier & near[n])
-                return adm.at[n].set(ok[n] & ~blocked)
+                return adm.at[n].set(ok[n] & (~blocked | free[n]))
 
             ok = lax.fori_loop(0, q.shape[0], body, jnp.zeros_like(ok))
         return g._replace(mask=ok), state
 
     return policy(f"novelty(tau={tau}{', relative' if relative else ''}"
-                  f"{', within_batch' if within_batch else ''})", admit=admit)
+                  f"{', within_batch' if within_batch else ''}{', admit_replayed' if admit_replayed else ''})",
+                  admit=admit)
 
 
 def _label_dtype(n_classes: int):

@@ -167,14 +167,16 @@ def bad_samples(oks, batch_size: int) -> jax.Array:
     return bad
 
 
-def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None, targets=None):
+def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=None, row_grads=None, targets=None,
+         replayed=None):
     """Steps 3–4 for every growing layer: ``-> (collections, policy_state, dropped)``.
 
     ``intermediates`` and ``g_tree`` are the sown ``q``/``s`` and the gradients with respect to
     the ``"s"`` perturbations, keyed like the memory collection; a layer's policy (installed in
     its memory) runs with its state from ``policy_state`` (its ``init`` state when absent);
     ``row_grads`` is ``{layer key: {"w", "k", "v"}}`` for layers whose policy trains rows; ``targets`` (the
-    batch's) reach the policies of layers with one candidate row per input.
+    batch's) and ``replayed`` (``(B,)``: the samples :class:`SelfReplay` added) reach the policies of layers
+    with one candidate row per input.
 
     A candidate row that is not finite (a NaN or inf input, an overflowing rule) never enters
     a memory, whatever the policy, and neither do the other rows of its sample: a NaN target
@@ -208,8 +210,9 @@ def grow(collections, intermediates, g_tree, batch_size: int, *, policy_state=No
             new[path] = mem.replace(t=mem.t + 1)
             continue
         state = policy_state[key] if key in policy_state else pol.init(mem)
-        per_row_targets = targets if (targets is not None and rows.w.shape[0] == batch_size) else None
-        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key), mask=ok, targets=per_row_targets)
+        per_row = rows.w.shape[0] == batch_size
+        res = polib.step(pol, mem, rows, state, grads=(row_grads or {}).get(key), mask=ok,
+                         targets=targets if per_row else None, replayed=replayed if per_row else None)
         policy_state[key] = res.state
         new[path] = res.mem
     collections = set_memories(collections, new) if new else collections
@@ -235,6 +238,7 @@ class StepGrads(NamedTuple):
     g_params: Any          # ∂L/∂params of the parametric parameters
     row_grads: Any         # {layer key: ∂L/∂(w, k, ṽ)} of layers whose policy trains rows, or None
     targets: Any = None    # the batch's targets (policies that keep per-row labels read them)
+    replayed: Any = None   # (B,) the samples SelfReplay added to the batch, or None
 
 
 def step_gradients(model, loss_fn, state: TrainState, x, y) -> StepGrads:
@@ -274,7 +278,7 @@ def apply_step(tx, state: TrainState, grads: StepGrads, batch_size: int):
     if "memory" in collections:
         collections, policy_state, dropped = grow(collections, grads.intermediates, grads.g, batch_size,
                                                   policy_state=policy_state, row_grads=grads.row_grads,
-                                                  targets=grads.targets)
+                                                  targets=grads.targets, replayed=grads.replayed)
     new_state = state.replace(step=state.step + 1, params=params, collections=collections, opt_state=opt_state,
                               policy_state=policy_state)
     return new_state, {"loss": grads.loss, "dropped_rows": dropped}
@@ -562,6 +566,7 @@ class Trainer:
         (device scalars: reading them syncs). Rows that are not finite never enter a memory."""
         self.check_batch(x, y)
         x = jnp.asarray(x)
+        n = x.shape[0]
         if self.replay is not None:
             x, y = self._with_replay(x, y)
         b = x.shape[0]
@@ -569,6 +574,8 @@ class Trainer:
             self._per_input = rows_per_input(self.model, self.variables, x)
         self.ensure_capacity(b)
         grads = self._grads(self.state, self._input(x), self._input(jnp.asarray(y)))
+        if self.replay is not None:      # the policies see which candidates rehearse stored rows
+            grads = grads._replace(replayed=self._input(jnp.arange(b) >= n))
         self.state, metrics = self._apply(self.state, grads, b)
         for path in self._bound:
             self._bound[path] = _capped(self._bound[path] + b * self._rows_per(path), self._limit.get(path))

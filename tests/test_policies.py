@@ -148,6 +148,33 @@ def test_novelty_admits_exactly_the_candidates_farther_than_tau(within_batch):
         np.testing.assert_array_equal(np.asarray(rel), dist > tau)
 
 
+@pytest.mark.parametrize("within_batch", [False, True])
+def test_novelty_admits_replayed_candidates_untested_only_when_asked(within_batch):
+    rng = np.random.default_rng(5)
+    d = 6
+    mem = rand_mem(rng, 50, d, 2, capacity=64)
+    stored = np.asarray(mem.k[:50])
+    q = np.concatenate([stored[:4], stored[:4] + 10.0, stored[:4]]).astype(np.float32)   # copies, far, copies
+    replayed = np.zeros(12, bool)
+    replayed[8:] = True                                    # the last four rehearse stored rows
+    rows = Rows(jnp.ones(12), jnp.asarray(q), jnp.zeros((12, 2)))
+    far = brute_min_dist(q, stored) > 1.0
+    assert far.tolist() == [False] * 4 + [True] * 4 + [False] * 4
+
+    def admitted(pol):
+        g = P.Growth(mem, rows, jnp.ones(12, bool), memlib.valid_mask(mem), replayed=jnp.asarray(replayed))
+        return np.asarray(jax.jit(lambda g: pol.admit(g, ())[0].mask)(g))
+
+    # the paper's test refuses a rehearsal (a copy of a stored key, at distance 0) like any near candidate
+    np.testing.assert_array_equal(admitted(P.novelty(1.0, within_batch=within_batch)), far)
+    # admit_replayed: the rehearsals enter, the stream's candidates are still tested
+    got = admitted(P.novelty(1.0, within_batch=within_batch, admit_replayed=True))
+    np.testing.assert_array_equal(got, far | replayed)
+    # no replay marks (a trainer without SelfReplay): the option changes nothing
+    np.testing.assert_array_equal(_admit(P.novelty(1.0, within_batch=within_batch, admit_replayed=True), rows, mem),
+                                  far)
+
+
 def _admit(pol, rows, mem):
     """The candidates ``pol``'s admit stage lets in (all candidates offered)."""
     g = P.Growth(mem, rows, jnp.ones(rows.k.shape[0], bool), memlib.valid_mask(mem))

@@ -114,6 +114,25 @@ def test_self_replay_rehearses_stored_inputs_with_their_labels():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("admit_replayed", [False, True])
+def test_the_trainer_marks_replayed_samples_for_the_novelty_test(admit_replayed):
+    x, y = _data(64)
+    # τ so large that no stream sample is novel after the first step: only rehearsals can enter
+    pol = policies.chain(policies.novelty(1e6, admit_replayed=admit_replayed), policies.labels())
+    tr = gm.Trainer(_net(0), sample_input=x[:4], policy=pol, replay=SelfReplay(4, seed=1))
+    tr.step(x[:8], y[:8])
+    assert tr.rows_in_use() == {"readout": 8}                   # an empty memory: every candidate is novel
+    tr.step(x[8:16], y[8:16])
+    tr.step(x[16:24], y[16:24])
+    assert tr.rows_in_use() == {"readout": 16 if admit_replayed else 8}   # 4 rehearsals a step, or nothing
+    rows = tr.memories()[("readout",)].rows()
+    # what entered are copies of the first 8 rows' keys (rehearsals: RMSNorm of a normalised key, equal to
+    # rounding), never a stream sample of steps 2 and 3
+    first = rows["k"][:8]
+    for k in rows["k"][8:]:
+        assert np.min(np.abs(first - k).max(axis=1)) < 1e-5
+
+
 def test_self_replay_needs_labels_on_the_first_layer():
     x, y = _data(16)
     tr = gm.Trainer(_net(1), sample_input=x[:4], replay=SelfReplay(4))
