@@ -394,3 +394,6 @@ def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_pres
         assert min(values) < value < max(values), (method, value, values)
         # every point is a preset the loader accepts (the override names an existing entry)
         config.load(method.split(":", 1)[1], overrides=at[0])
+    # the novelty preset lets self-replay's rehearsals through its test (copies of stored keys)
+    pre = config.load("readout_replay_dct_novelty")
+    assert "admit_replayed" in repr(pre.policies()) and pre.self_replay() is not None
