@@ -445,7 +445,9 @@ def tune(args, cfg, streams, seeds, budgets):
     With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
     run again: a grid extended past its edge runs only its new points. With ``--combine FILES`` nothing runs:
     the points of tuning files made apart join the file in ``--out`` (a point tried in both: the later file's)
-    and each grid's choice is made again over all of them."""
+    and each grid's choice is made again over all of them. A growmem point is read back only if it ran on the
+    preset file as it is now (``preset_digest``: a changed preset reruns its grid)."""
+    from growmem.continual.methods import preset_digest, resolve
     from growmem.reporting import write_json
 
     path = args.out / "continual_frontier_tune.json"
@@ -458,9 +460,10 @@ def tune(args, cfg, streams, seeds, budgets):
         for b in budgets:
             for m, grid in grids(cfg, stream, args.protocol, args.methods).items():
                 results = []
+                digest = preset_digest(resolve(m, stream))      # a point tried on another version of the preset reruns
                 before = {json.dumps(r["settings"], sort_keys=True): r for r in
                           doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", [])
-                          if r["accuracy"] is not None}
+                          if r["accuracy"] is not None and r.get("preset_digest") == digest}
                 for point in grid(b, stream):
                     if json.dumps(point, sort_keys=True) in before:   # a grid that extends: tried points are read back
                         results.append(before[json.dumps(point, sort_keys=True)])
@@ -472,7 +475,7 @@ def tune(args, cfg, streams, seeds, budgets):
                         results.append({"settings": point, "accuracy": None, "why": str(e)})
                         continue
                     results.append({"settings": point, "accuracy": _acc(r), "bytes_peak": r["summary"]["bytes_in_use_peak"],
-                                    "within_budget": r["summary"]["within_budget"]})
+                                    "within_budget": r["summary"]["within_budget"], "preset_digest": digest})
                     print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \

@@ -292,6 +292,45 @@ def test_tuning_reads_back_the_points_it_already_tried(tmp_path):
     assert len(again["invocations"]) == 2
 
 
+def test_tuning_reruns_a_growmem_point_tried_on_another_version_of_its_preset(tmp_path, monkeypatch):
+    """A tried point is read back only with the preset file's digest it ran on: a changed preset (a policy
+    option set in the TOML, not in the point's overrides) reruns the grid instead of reusing stale numbers."""
+    import argparse
+    import hashlib
+
+    from growmem import config
+    from growmem.continual.methods import preset_digest, resolve
+
+    cf = _frontier()
+    calls = []
+
+    def fake_run(stream, method, seeds, budget, options, **kw):
+        calls.append(kw["settings"])
+        return [{"summary": {"acc_mean_over_experiences": 0.5 + 0.01 * len(calls), "bytes_in_use_peak": 1,
+                             "within_budget": True}}]
+
+    monkeypatch.setattr(cf, "run_one", fake_run)
+    args = argparse.Namespace(out=tmp_path, merge=True, combine=None, protocol="online", methods="target:dct_merge",
+                              data_dir=None, preset="smoke")
+    m = resolve("target:dct_merge", "split_mnist")
+    want = hashlib.sha256(config.resolve(m.preset).read_bytes()).hexdigest()[:16]   # the file's own digest
+    assert preset_digest(m) == want and preset_digest(resolve("knn:dct", "split_mnist")) is None
+    cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])
+    n = len(calls)
+    assert n == 5
+    cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])          # the same preset: read back
+    assert len(calls) == n
+    path = tmp_path / "continual_frontier_tune.json"
+    doc = json.loads(path.read_text())
+    results = doc["streams"]["split_mnist"]["300000"]["target:dct_merge"]["results"]
+    assert {r["preset_digest"] for r in results} == {want}
+    for r in results:
+        r["preset_digest"] = "0" * 16                                             # tried on another version
+    path.write_text(json.dumps(doc))
+    cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])
+    assert len(calls) == 2 * n
+
+
 def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
     """``--tune --combine``: the points of two tuning runs of one grid join, the choice is made again over all
     of them (a top edge in the first file is inside once the second extends the grid), a point tried in both

@@ -151,6 +151,19 @@ def resolve(name: str, stream: str = "", growmem: Optional[str] = None) -> Metho
     raise unknown("method", name, valid_methods())
 
 
+def preset_digest(method: Method) -> Optional[str]:
+    """The first 16 hex digits of the SHA-256 of ``method``'s preset file (a ``target:`` or ``net:`` method),
+    else None: a result tuned or run with another version of the file is not this method's (benchmarks
+    compare it before reading a tried point back)."""
+    if method.kind != "learner" or method.family not in ("target", "net"):
+        return None
+    import hashlib
+
+    from growmem import config
+
+    return hashlib.sha256(config.resolve(method.preset).read_bytes()).hexdigest()[:16]
+
+
 def resolve_all(names: Sequence[str], stream: str = "", growmem: Optional[str] = None) -> List[Method]:
     """Every name resolved, in order; an empty list or a method named twice (also through an alias)
     is an error."""
