@@ -10,7 +10,7 @@ linear kernel is not local (every row weighs ``⟨k_i, q⟩``) and stays exact: 
 The index holds row ids, not rows: the rows stay in the memory's table (``k``, ``v``, ``w`` of
 :mod:`growmem.memory`), and a query gathers the rows of its lists from there.
 
-- :func:`train_centroids`: k-means on the rows or a sample of them (Lloyd's iterations; seeded).
+- :func:`train_centroids`: k-means on the rows or a sample of them (k-means++ seeding, Lloyd's iterations).
 - :func:`build` / :func:`add`: each row goes to the nearest centroid whose list has room, else to the
   next nearest of the ``alternatives`` nearest, else to the *overflow* list that every query reads
   (exact for those rows); a row that finds no room there either is counted in ``unindexed``, and
@@ -115,13 +115,23 @@ def _nearest(x, c):
     return jax.lax.map(lambda xc: jnp.argmin(_sq_dist(xc, c), axis=1), xs).reshape(-1)[:n]
 
 
+#: how k-means picks its first centres: ``"kmeans++"`` (each next centre a row drawn with probability ∝ its
+#: squared distance to the nearest centre so far: Arthur & Vassilvitskii, 2007) or ``"random"`` (rows drawn
+#: uniformly without replacement)
+INITS = ("kmeans++", "random")
+
+
 def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int] = None,
-                    sample: Optional[int] = None) -> jax.Array:
-    """``(n_lists, d)`` k-means centroids of the rows ``k[:size]`` (Lloyd's iterations from ``n_lists`` rows
-    drawn without replacement by ``key``; a list left empty keeps its centre). ``sample``: train on that many
-    rows drawn at random (FAISS trains on 39-256 rows a list), else on all."""
+                    sample: Optional[int] = None, init: str = "kmeans++") -> jax.Array:
+    """``(n_lists, d)`` k-means centroids of the rows ``k[:size]``: Lloyd's iterations from ``n_lists`` rows
+    picked by ``init`` (:data:`INITS`) with ``key``; a list left empty keeps its centre. ``sample``: train on
+    that many rows drawn at random (FAISS trains on 39-256 rows a list), else on all. k-means++ spreads the
+    first centres over the rows' clusters, so fewer lists start out covering several clusters: the fullest
+    list, which sets every list's capacity (:func:`list_capacity_for`), holds fewer rows."""
     if not is_count(n_lists, 1):
         raise ConfigError(f"n_lists must be an integer >= 1, got {n_lists!r}")
+    if init not in INITS:
+        raise ConfigError(f"unknown k-means init {init!r}; choose one of {', '.join(INITS)}")
     n = int(np.shape(k)[0] if size is None else size)
     if n < n_lists:
         raise ConfigError(f"k-means needs at least n_lists = {n_lists} rows to start from, got {n}; train the "
@@ -132,8 +142,32 @@ def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int
     x = jnp.asarray(np.asarray(k[:n])[rows], jnp.float32)
     if not bool(memlib.finite_rows(x).all()):
         raise ConfigError("the rows the centroids are trained on hold non-finite values")
-    c = x[jax.random.choice(k_init, x.shape[0], (int(n_lists),), replace=False)]
+    if init == "random":
+        c = x[jax.random.choice(k_init, x.shape[0], (int(n_lists),), replace=False)]
+    else:
+        c = _kmeanspp(x, k_init, int(n_lists))
     return _lloyd(c, x, int(iters))
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _kmeanspp(x, key, n_lists: int):
+    """k-means++ seeding: the first centre a row drawn uniformly, each next one a row drawn with probability
+    ∝ ``D(x)²``, its squared distance to the nearest centre chosen so far (uniformly while every row sits on
+    a centre)."""
+    n = x.shape[0]
+    k0, key = jax.random.split(key)
+    first = x[jax.random.randint(k0, (), 0, n)]
+    c = jnp.zeros((n_lists, x.shape[1]), x.dtype).at[0].set(first)
+    d2 = jnp.sum((x - first) ** 2, axis=1)
+
+    def body(i, carry):
+        c, d2 = carry
+        total = jnp.sum(d2)
+        logits = jnp.where(total > 0, jnp.log(jnp.maximum(d2, 0.0)), 0.0)
+        new = x[jax.random.categorical(jax.random.fold_in(key, i), logits)]
+        return c.at[i].set(new), jnp.minimum(d2, jnp.sum((x - new) ** 2, axis=1))
+
+    return jax.lax.fori_loop(1, n_lists, body, (c, d2))[0]
 
 
 @functools.partial(jax.jit, static_argnums=(2,))
@@ -233,12 +267,13 @@ def list_capacity_for(k, centroids, *, size: Optional[int] = None, headroom: flo
 
 
 def build(kernel, k, *, n_lists: int, key, list_capacity: Optional[int] = None, size: Optional[int] = None,
-          overflow: int = 256, iters: int = 10, alternatives: int = 4, sample: Optional[int] = None) -> IVF:
+          overflow: int = 256, iters: int = 10, alternatives: int = 4, sample: Optional[int] = None,
+          init: str = "kmeans++") -> IVF:
     """An index over the rows ``k[:size]``: k-means centroids (:func:`train_centroids`, on ``sample`` rows),
     then every row added, :data:`ASSIGN_CHUNK` rows a call. ``list_capacity`` None: from the rows' nearest
     assignment (:func:`list_capacity_for`)."""
     n = int(np.shape(k)[0] if size is None else size)
-    c = train_centroids(k, n_lists, key=key, iters=iters, size=n, sample=sample)
+    c = train_centroids(k, n_lists, key=key, iters=iters, size=n, sample=sample, init=init)
     if list_capacity is None:
         list_capacity = list_capacity_for(k, c, size=n)
     ix = empty(c, list_capacity, overflow=overflow, kernel=kernel)

@@ -159,6 +159,23 @@ def test_an_empty_probe_gives_zero_like_an_empty_memory():
     assert np.asarray(y).tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
 
+def test_kmeanspp_seeds_rows_spread_over_the_clusters_and_evens_out_the_lists():
+    rng = np.random.default_rng(4)
+    clusters, d = 48, 16
+    centres = rng.normal(size=(clusters, d)) * 6.0                 # far apart: a row's cluster is its nearest centre
+    which = rng.integers(0, clusters, 4000)
+    x = (centres[which] + rng.normal(size=(4000, d))).astype(np.float32)
+    seeds = np.asarray(I._kmeanspp(jnp.asarray(x), jax.random.key(3), 40))
+    at = [int(np.flatnonzero((x == s).all(axis=1))[0]) for s in seeds]    # each seed is one of the rows
+    assert len(set(at)) == 40
+    covered = len(set(which[at].tolist()))
+    rand = np.asarray(jax.random.choice(jax.random.key(3), 4000, (40,), replace=False))
+    assert covered >= 38 and covered > len(set(which[rand].tolist()))   # uniform draws repeat clusters
+    caps = {init: I.list_capacity_for(x, I.train_centroids(x, 40, key=jax.random.key(3), init=init), headroom=1.0)
+            for init in I.INITS}
+    assert caps["kmeans++"] < caps["random"], caps
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda q, k, v, w, ix: I.build("linear", k, n_lists=4, list_capacity=10, key=jax.random.key(0)),
      "linear kernel is not local"),
@@ -168,6 +185,7 @@ def test_an_empty_probe_gives_zero_like_an_empty_memory():
     (lambda q, k, v, w, ix: I.build("rbf", k[:3], n_lists=4, list_capacity=10, key=jax.random.key(0)),
      "at least n_lists = 4 rows"),
     (lambda q, k, v, w, ix: I.train_centroids(np.full((10, 2), np.nan), 2, key=jax.random.key(0)), "non-finite"),
+    (lambda q, k, v, w, ix: I.train_centroids(k, 2, key=jax.random.key(0), init="forgy"), "unknown k-means init"),
     (lambda q, k, v, w, ix: I.add(ix, k[:2, :3], jnp.arange(2)), r"keys must be \(n, 16\)"),
     (lambda q, k, v, w, ix: I.add(ix, k[:2], jnp.arange(3)), r"ids must be \(2,\)"),
     (lambda q, k, v, w, ix: I.add(ix, np.where(np.arange(16) == 3, np.inf, k[:1]), jnp.arange(1)), "non-finite"),
