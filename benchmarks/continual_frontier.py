@@ -246,9 +246,12 @@ def run_one(stream, method, seeds, budget, options, *, data_dir, overrides=None,
     doc = run_continual(stream, [method], seeds, budget, online=online, stream_options=options, data_dir=data_dir,
                         method_settings={method: settings}, progress=progress, verbose=False, split=split,
                         final_only=True, on_experience=on_experience)
+    from growmem.reporting import host
+
     out = []
     for r in doc["runs"]:
-        r = dict(r, budget=int(budget), protocol=protocol, method=label or r["method"], base_method=method)
+        r = dict(r, budget=int(budget), protocol=protocol, method=label or r["method"], base_method=method,
+                 host=host())
         r.pop("accuracy_matrix_raw", None)
         out.append(r)
     return out

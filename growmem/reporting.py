@@ -28,6 +28,22 @@ def _jsonable(x):
     return x
 
 
+def host() -> Dict[str, Any]:
+    """The machine a number was measured on: the CPU's model name (``/proc/cpuinfo``), the widest instruction
+    set the native kernel runs there (None without it) and the cores. A growing network's run is bitwise
+    repeatable on one machine; another CPU rounds differently, and an error-driven memory amplifies it."""
+    from growmem import native
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    isa = native.isas()
+    return {"cpu": model, "isa": isa[0] if isa else None, "cores": os.cpu_count()}
+
+
 def write_json(path, payload: Dict[str, Any]) -> Path:
     """Write ``payload`` (+ environment info) to ``path`` atomically (tmp file + rename)."""
     import jax
@@ -38,6 +54,7 @@ def write_json(path, payload: Dict[str, Any]) -> Path:
     payload.setdefault("environment", {
         "python": sys.version.split()[0], "jax": jax.__version__, "platform": platform.platform(),
         "devices": [str(d) for d in jax.devices()], "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **host(),
     })
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:

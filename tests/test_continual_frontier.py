@@ -182,6 +182,8 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     runs = [r for r in doc["runs"] if r["method"] == "target:dct_merge"]
     assert all(r["protocol"] == "online" and r["budget"] == 200_000 for r in runs)
     assert all(r["config"]["batch_size"] == 10 and r["config"]["epochs"] == 1 for r in runs)
+    from growmem.reporting import host
+    assert all(r["host"] == host() for r in doc["runs"])        # each run says which CPU it ran on
     assert (tmp_path / "a" / "continual_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     proc = subprocess.run(cmd + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json"),
                                  str(tmp_path / "b" / "continual_frontier.json")], cwd=ROOT, capture_output=True,

@@ -48,6 +48,23 @@ def test_compare_calls_a_difference_only_by_a_students_t_test_at_95_percent():
 
 # ----------------------------------------------------------------------------- names
 
+def test_a_json_says_which_cpu_and_instruction_set_measured_it(tmp_path):
+    import json
+    from pathlib import Path
+
+    from growmem import native
+    from growmem.reporting import host, write_json
+
+    env = json.loads(write_json(tmp_path / "r.json", {"summary": {}}).read_text())["environment"]
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")]
+        if names:
+            assert env["cpu"] == names[0]
+    assert env["isa"] == (native.isas()[0] if native.isas() else None) and env["cores"] >= 1
+    assert {k: env[k] for k in ("cpu", "isa", "cores")} == host()
+
+
 def test_methods_are_named_by_what_they_are():
     m = methods.resolve("growmem", "split_mnist")
     assert (m.name, m.family, m.alias) == ("target:dct", "target", "growmem")
