@@ -107,8 +107,9 @@ def _key(settings) -> str:
 #: EXTEND_STEPS times per end. A setting at a bound (0 or 1 for a count) or one the method refuses past its
 #: end is not extended, and the JSON says why (``on_edge``)
 EXTEND_STEPS = 2
-#: ``{method: {setting: reason}}``: a chosen value on its grid's edge that is not extended past, and why
-EDGE_REASONS = {m: {"epochs": "one epoch per experience is the fewest an offline run takes"}
+#: ``{method: {setting: {value: reason}}}``: a chosen value on its grid's edge that is not extended past, and
+#: why (the value too: one epoch is the low end, while a grid whose top epochs won goes on)
+EDGE_REASONS = {m: {"epochs": {1: "one epoch per experience is the fewest an offline run takes"}}
                 for m in ("replay_bytes", "replay_4400", "cumulative", "joint")}
 #: ``{setting: reason}`` for every method
 SETTING_REASONS = {"model.n_blocks": "a network has 0 or 1 residual block in the presets"}
@@ -152,7 +153,7 @@ def edges(method: str, results, chosen, extended=None) -> dict:
         refused = [(f[key], err) for f, err in flats if err is not None and _numeric(f.get(key))
                    and (f[key] < v if side == "low" else f[key] > v)]
         n = (extended or {}).get((key, side), 0)
-        why = (EDGE_REASONS.get(method, {}).get(key) or SETTING_REASONS.get(key)
+        why = (EDGE_REASONS.get(method, {}).get(key, {}).get(v) or SETTING_REASONS.get(key)
                or (f"{key} = {refused[0][0]} beyond it is refused: {refused[0][1]}" if refused else None)
                or (f"{end} is the bound of {key}" if _beyond(end, nb) is None else None)
                or (f"the extension limit ({EXTEND_STEPS} values beyond the grid) was reached"
@@ -273,8 +274,14 @@ def main(argv=None):
                 grid = grid[:cfg["grid_limit"]]
             opts = {**cfg["stream_options"][stream], **cfg.get("method_options", {}).get(m, {})}
             results, extended = [], {}
+            # --merge: a point this file already holds (same settings and stream options) is read back, so a
+            # grid run again (extended past an edge) runs only its new points
+            tried = {(_key(r["settings"]), _key(r.get("stream_options", {}))): r for r in
+                     doc["streams"].get(stream, {}).get(m, {}).get("results", []) if r.get("error") is None}
 
-            def run_point(settings, m=m, opts=opts):
+            def run_point(settings, m=m, opts=opts, tried=tried):
+                if (_key(settings), _key(opts)) in tried:
+                    return tried[(_key(settings), _key(opts))]
                 epochs = None
                 if cfg["epochs_cap"] and resolve(m, stream).kind == "avalanche":
                     epochs = {m: min(cfg["epochs_cap"], int(settings.get("epochs", cfg["epochs_cap"])))}

@@ -264,11 +264,43 @@ def test_a_chosen_value_on_the_grids_edge_is_extended_past_it_until_inside_or_a_
     epochs = [_row(0.9, epochs=1, lr=0.1), _row(0.8, epochs=3, lr=0.1)]
     e = tune.edges("replay_bytes", epochs, tune.choose(epochs, 1))
     assert set(e) == {"epochs"} and "fewest" in e["epochs"]["reason"]       # lr, tried at one value: no edge
+    # the reason names its value: the top of the epochs grid winning is no reason to stop
+    epochs = [_row(0.8, epochs=1, lr=0.1), _row(0.9, epochs=3, lr=0.1)]
+    assert tune.edges("replay_bytes", epochs, tune.choose(epochs, 1))["epochs"]["reason"] is None
+    assert tune.next_points("replay_bytes", epochs, tune.choose(epochs, 1), {}) == [{"epochs": 9, "lr": 0.1}]
     blocks = [_row(0.9, overrides={"model.n_blocks": 0}), _row(0.8, overrides={"model.n_blocks": 1})]
     assert "0 or 1" in tune.edges("net:x", blocks, tune.choose(blocks, 1))["model.n_blocks"]["reason"]
     lo = [_row(0.9, overrides={"replay.samples": 1}), _row(0.8, overrides={"replay.samples": 2})]
     assert tune.edges("net:x", lo, tune.choose(lo, 1))["replay.samples"]["reason"] == "1 is the bound of replay.samples"
 
+
+
+def test_tuning_with_merge_reads_back_the_points_it_holds_and_runs_only_the_new_ones(tmp_path, monkeypatch):
+    import growmem.continual.runner as runner
+
+    tune = _tune_module()
+    calls = []
+
+    def fake(stream, methods, seeds, budget, *, method_settings=None, **kw):
+        settings = (method_settings or {}).get(methods[0], {})
+        calls.append(settings)
+        acc = 0.5 + 0.01 * settings["epochs"] - settings["lr"]        # more epochs and the smaller rate win
+        return {"runs": [{"summary": {"acc_mean_over_experiences": acc, "bytes_in_use_peak": 1,
+                                      "within_budget": True, "wall_seconds": 0.0}}]}
+
+    monkeypatch.setattr(runner, "run_continual", fake)
+    argv = ["--preset", "cpu", "--out", str(tmp_path), "--streams", "permuted_mnist", "--methods", "cumulative",
+            "--no-progress", "--merge"]
+    doc = tune.main(argv)
+    entry = doc["streams"]["permuted_mnist"]["cumulative"]
+    # the grid's 1 and 3 epochs, then past the top twice (9, 27): the 3-epoch top is no reason to stop; the
+    # smaller rate, at the grid's low end, goes on down
+    assert sorted({c["epochs"] for c in calls}) == [1, 3, 9, 27]
+    assert entry["chosen"]["epochs"] == 27 and "extension limit" in entry["on_edge"]["epochs"]["reason"]
+    n = len(calls)
+    again = tune.main(argv)                                         # the same grid again: everything read back
+    assert len(calls) == n
+    assert again["streams"]["permuted_mnist"]["cumulative"]["results"] == entry["results"]
 
 
 def test_the_tuning_plot_draws_a_refused_point(tmp_path):
