@@ -1,8 +1,9 @@
 """Indexed against exact retrieval: one layer step's time, error and recall as the rows grow.
 
 For each row count N the preset names, a weighted-softmax memory of N rows (keys from a mixture of
-Gaussian clusters in d dimensions, ṽ of d_out, w > 0) is indexed by :mod:`growmem.index` (k-means
-centroids on a sample, ``n_lists ≈ lists_per_sqrt_n · √N`` lists of twice the mean list length), and a
+Gaussian clusters in d dimensions, ṽ of d_out, w > 0) is indexed by :mod:`growmem.index` (k-means++ and
+Lloyd's centroids on a sample, ``n_lists ≈ lists_per_sqrt_n · √N`` lists as long as the fullest nearest
+assignment, an overflow list of ``overflow`` slots that every query reads), and a
 layer step — the forward pass and the gradient with respect to the queries and T, as for every layer
 whose rows are not trained — runs exact (:func:`growmem.kernels.reduce`, the native kernel where
 available) and indexed at each ``nprobe`` — per query (each query gathers its own lists' rows) and shared
@@ -44,9 +45,12 @@ NAME = "indexed"
 KERNEL = "weighted_softmax"
 PRESETS = {
     "smoke": dict(sizes=(2_000, 6_000), d=16, d_out=4, batch=4, clusters=64, nprobe=(2, 8), lists_per_sqrt_n=2.0,
-                  temperatures=(0.05, 0.5), repeats=2, queries=32, sample_per_list=64),
-    "cpu": dict(sizes=(10_000, 100_000, 1_000_000), d=100, d_out=10, batch=16, clusters=4096, nprobe=(4, 16, 64),
-                lists_per_sqrt_n=4.0, temperatures=(0.02, 0.1, 0.5), repeats=7, queries=256, sample_per_list=64),
+                  temperatures=(0.05, 0.5), repeats=2, queries=32, sample_per_list=64, overflow=256),
+    # overflow: 128 slots (none is taken at these sizes; 1,024 were a sixth of what a query read at 10^6 rows,
+    # nprobe 4)
+    "cpu": dict(sizes=(10_000, 100_000, 1_000_000), d=100, d_out=10, batch=16, clusters=4096, nprobe=(1, 2, 4, 16),
+                lists_per_sqrt_n=4.0, temperatures=(0.02, 0.1, 0.5), repeats=7, queries=256, sample_per_list=64,
+                overflow=128),
 }
 PRESETS["paper"] = dict(PRESETS["cpu"], sizes=(10_000, 100_000, 1_000_000, 10_000_000))
 #: per_query: each query gathers the rows of its own lists; shared: the batch reads the union of its lists once
@@ -76,9 +80,10 @@ def queries(centres, m: int, cfg: dict, seed: int = 1):
 
 def shape(n: int, cfg: dict) -> dict:
     """The index's settings for ``n`` rows: ``lists_per_sqrt_n · √n`` lists, k-means on ``sample_per_list`` rows a
-    list; the list capacity from the rows' nearest assignment (:func:`growmem.index.list_capacity_for`)."""
+    list; the list capacity from the rows' nearest assignment (:func:`growmem.index.list_capacity_for`: every
+    row in its nearest list); an overflow list of ``overflow`` slots that every query reads."""
     n_lists = max(1, min(n // 8, int(round(cfg["lists_per_sqrt_n"] * math.sqrt(n)))))
-    return dict(n_lists=n_lists, overflow=1024, sample=cfg["sample_per_list"] * n_lists)
+    return dict(n_lists=n_lists, overflow=cfg["overflow"], sample=cfg["sample_per_list"] * n_lists)
 
 
 @functools.partial(jax.jit, static_argnums=(3,))

@@ -455,6 +455,24 @@ def render_novelty_search(doc) -> str:
 
 # ---- kernels ------------------------------------------------------------------------------------
 
+@renderer("indexed", "indexed.json")
+def render_indexed(doc) -> str:
+    s = doc["summary"]
+    rows = []
+    for mode, by in s["by_mode_and_nprobe"].items():
+        for p, x in by.items():
+            worst = max(e["rel_error_y"] for e in x["errors_by_temperature"].values())
+            rows.append([mode.replace("_", " "), p, times(x["speedup"]), f"{x['recall_at_10']:.3f}", f"{worst:.1e}"])
+    out = table(["probe", "nprobe", "speed-up over the exact step", "recall@10", "largest relative error of y"],
+                rows)
+    temps = ", ".join(str(t) for t in doc["config"]["temperatures"])
+    load = ", ".join(f"{a:.1f}" for a in (s["load_average_before"][0], s["load_average_after"][0]))
+    out += (f"\nN = {s['n']:,} rows in {s['n_lists']:,} lists, d = {doc['config']['d']}, B = {doc['config']['batch']}: "
+            f"the exact step (forward and ∂/∂q) takes {s['exact_ms']:.0f} ms; the error is the largest over "
+            f"T = {temps}; load average {load} (before, after).\n")
+    return out + source("indexed.json", doc, command=False)
+
+
 @renderer("retrieval", "retrieval.json")
 def render_retrieval(doc) -> str:
     s = doc["summary"]
