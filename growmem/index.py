@@ -126,8 +126,7 @@ def train_centroids(k, n_lists: int, *, key, iters: int = 10, size: Optional[int
     """``(n_lists, d)`` k-means centroids of the rows ``k[:size]``: Lloyd's iterations from ``n_lists`` rows
     picked by ``init`` (:data:`INITS`) with ``key``; a list left empty keeps its centre. ``sample``: train on
     that many rows drawn at random (FAISS trains on 39-256 rows a list), else on all. k-means++ spreads the
-    first centres over the rows' clusters, so fewer lists start out covering several clusters: the fullest
-    list, which sets every list's capacity (:func:`list_capacity_for`), holds fewer rows."""
+    first centres over the rows' clusters, so fewer lists start out covering several of them."""
     if not is_count(n_lists, 1):
         raise ConfigError(f"n_lists must be an integer >= 1, got {n_lists!r}")
     if init not in INITS:
