@@ -444,7 +444,9 @@ def grids(cfg, stream: str, protocol: str, methods=None) -> dict:
 
 def tune(args, cfg, streams, seeds, budgets):
     """Every TUNE_GRID method's grid on the validation split (a tenth of each class's training images held
-    out; the test split is not read) at every budget; the chosen point, and whether it is on the grid's edge.
+    out; the test split is not read) at every budget, with the first of ``seeds`` (the preset's seed 1: its
+    class order, permutations and rotations; the benchmark's test runs use the test split); the chosen point,
+    and whether it is on the grid's edge.
     With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
     run again: a grid extended past its edge runs only its new points. With ``--combine FILES`` nothing runs:
     the points of tuning files made apart join the file in ``--out`` (a point tried in both: the later file's)
