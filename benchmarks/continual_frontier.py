@@ -21,7 +21,8 @@ reported is the final accuracy, the mean over the test experiences.
   self-replay of its rows), ``net:readout_replay_dct`` (the same without the block: error-driven rows in the
   readout alone, on the fixed DCT keys), and that readout with one more of growmem's policies —
   ``net:readout_replay_dct_novelty`` (Alg. 4's novelty test: a row enters only farther than τ from every
-  stored one; the replayed rows, copies of stored ones, pass), ``net:readout_replay_dct_decay`` (weight decay γ, rows below ε pruned, Eq. 90),
+  stored one; the replayed rows, copies of stored ones, pass), ``net:readout_replay_dct_decay`` (weight
+  decay γ, rows below ε pruned, Eq. 90),
   ``net:readout_replay_dct_hybrid`` (hybrid growth: Adam trains the kept rows' w, k, ṽ) — each tuned from
   the readout's own T and β;
 * order-free baselines on the same DCT codes and on raw pixels, a class-balanced buffer at the
