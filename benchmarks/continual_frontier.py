@@ -133,8 +133,10 @@ def _readout_settings(budget) -> dict:
     return dict((chosen.get("net:readout_replay_dct") or {}).get("overrides", {}))
 
 
-def _policy_grid(key, values):
-    return lambda b, s: [{"overrides": {**_readout_settings(b), key: v}} for v in values]
+def _policy_grid(key, values, below=()):
+    """``values`` of ``key`` from the readout's own settings; ``below``: values tried too under 0.3 MB."""
+    return lambda b, s: [{"overrides": {**_readout_settings(b), key: v}}
+                         for v in (tuple(below) if b < 300_000 else ()) + tuple(values)]
 
 
 TUNE_GRID = {
@@ -152,7 +154,9 @@ TUNE_GRID = {
     # the growing readout with one more policy: novelty's τ (relative to ‖q‖), weight decay's γ, hybrid's Adam rate
     # τ = 0.4 and Adam's 1e-4, the grids' ends, won at 0.3 and 1 MB: novelty also 0.8 and 1.6, hybrid 3e-5 and 1e-5
     "net:readout_replay_dct_novelty": _policy_grid("policy.0.tau", (0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6)),
-    "net:readout_replay_dct_decay": _policy_grid("policy.0.gamma", (0.0001, 0.0003, 0.001, 0.003, 0.01)),
+    # γ = 1e-4, the grid's end, won at 0.1 MB: there also 3e-5 and 1e-5
+    "net:readout_replay_dct_decay": _policy_grid("policy.0.gamma", (0.0001, 0.0003, 0.001, 0.003, 0.01),
+                                                 below=(0.00001, 0.00003)),
     "net:readout_replay_dct_hybrid": _policy_grid("hybrid.learning_rate", (0.00001, 0.00003, 0.0001, 0.0003, 0.001,
                                                                                    0.003)),
     # the domain-incremental streams' growmem learner and its controls on the same projections
