@@ -494,15 +494,12 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False, a
         thr = tau * math.sqrt(q.shape[1]) if relative else tau
         thr2 = jnp.asarray(thr * thr, q.dtype)
         d2 = backends.min_sq_distance(g.mem, q, chunk=chunk)
-        novel = d2 > thr2
-        if admit_replayed and g.replayed is not None:
-            novel = novel | g.replayed
-        ok = g.mask & novel
+        # rehearsals that enter untested (admit_replayed), none otherwise
+        free = g.replayed if (admit_replayed and g.replayed is not None) else jnp.zeros_like(g.mask)
+        ok = g.mask & ((d2 > thr2) | free)
         if within_batch:
             q2 = jnp.sum(q * q, axis=1)
             near = (q2[:, None] + q2[None, :] - 2.0 * (q @ q.T)) <= thr2   # (B, B)
-
-            free = g.replayed if (admit_replayed and g.replayed is not None) else jnp.zeros_like(ok)
 
             def body(n, adm):
                 earlier = jnp.arange(q.shape[0]) < n

@@ -162,8 +162,7 @@ def test_novelty_admits_replayed_candidates_untested_only_when_asked(within_batc
     assert far.tolist() == [False] * 4 + [True] * 4 + [False] * 4
 
     def admitted(pol):
-        g = P.Growth(mem, rows, jnp.ones(12, bool), memlib.valid_mask(mem), replayed=jnp.asarray(replayed))
-        return np.asarray(jax.jit(lambda g: pol.admit(g, ())[0].mask)(g))
+        return np.asarray(_admit(pol, rows, mem, replayed=jnp.asarray(replayed)))
 
     # the paper's test refuses a rehearsal (a copy of a stored key, at distance 0) like any near candidate
     np.testing.assert_array_equal(admitted(P.novelty(1.0, within_batch=within_batch)), far)
@@ -175,9 +174,10 @@ def test_novelty_admits_replayed_candidates_untested_only_when_asked(within_batc
                                   far)
 
 
-def _admit(pol, rows, mem):
-    """The candidates ``pol``'s admit stage lets in (all candidates offered)."""
-    g = P.Growth(mem, rows, jnp.ones(rows.k.shape[0], bool), memlib.valid_mask(mem))
+def _admit(pol, rows, mem, replayed=None):
+    """The candidates ``pol``'s admit stage lets in (all candidates offered; ``replayed``: those marked as
+    rehearsals)."""
+    g = P.Growth(mem, rows, jnp.ones(rows.k.shape[0], bool), memlib.valid_mask(mem), replayed=replayed)
     return jax.jit(lambda g: pol.admit(g, ())[0].mask)(g)
 
 
