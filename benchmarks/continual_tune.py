@@ -228,7 +228,7 @@ def main(argv=None):
     from growmem.runtime import compilation_cache
     compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
 
-    from growmem.continual.methods import resolve
+    from growmem.continual.methods import preset_digest, resolve
     from growmem.errors import GrowmemError
     from growmem.continual.runner import run_continual
     from growmem.reporting import write_json
@@ -276,10 +276,13 @@ def main(argv=None):
             results, extended = [], {}
             # --merge: a point this file already holds (same settings and stream options) is read back, so a
             # grid run again (extended past an edge) runs only its new points
+            # and on the same version of a growmem method's preset file (preset_digest, as the frontier's tuner)
+            digest = preset_digest(resolve(m, stream))
             tried = {(_key(r["settings"]), _key(r.get("stream_options", {}))): r for r in
-                     doc["streams"].get(stream, {}).get(m, {}).get("results", []) if r.get("error") is None}
+                     doc["streams"].get(stream, {}).get(m, {}).get("results", [])
+                     if r.get("error") is None and r.get("preset_digest") == digest}
 
-            def run_point(settings, m=m, opts=opts, tried=tried):
+            def run_point(settings, m=m, opts=opts, tried=tried, digest=digest):
                 if (_key(settings), _key(opts)) in tried:
                     return tried[(_key(settings), _key(opts))]
                 epochs = None
@@ -298,7 +301,7 @@ def main(argv=None):
                       f"{s['bytes_in_use_peak'] / 1e6:.2f} MB, {s['wall_seconds']:.0f} s", flush=True)
                 return {"settings": settings, "accuracy": s["acc_mean_over_experiences"],
                         "bytes": s["bytes_in_use_peak"], "within_budget": s["within_budget"],
-                        "wall_s": s["wall_seconds"], "stream_options": opts}
+                        "wall_s": s["wall_seconds"], "stream_options": opts, "preset_digest": digest}
 
             points = list(grid)
             while points:

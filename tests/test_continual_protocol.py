@@ -301,6 +301,15 @@ def test_tuning_with_merge_reads_back_the_points_it_holds_and_runs_only_the_new_
     again = tune.main(argv)                                         # the same grid again: everything read back
     assert len(calls) == n
     assert again["streams"]["permuted_mnist"]["cumulative"]["results"] == entry["results"]
+    # a point that ran on another version of the method's preset file is run again, not read back
+    import json
+    path = tmp_path / "continual_tune.json"
+    doc = json.loads(path.read_text())
+    for r in doc["streams"]["permuted_mnist"]["cumulative"]["results"]:
+        r["preset_digest"] = "0" * 16
+    path.write_text(json.dumps(doc))
+    tune.main(argv)
+    assert len(calls) == 2 * n
 
 
 def test_the_tuning_plot_draws_a_refused_point(tmp_path):
