@@ -96,7 +96,7 @@ def loglog_slope(x, y) -> float:
 
 
 def environment() -> dict:
-    """Where the numbers came from: versions, devices, CPU count, git commit, time."""
+    """Where the numbers came from: versions, devices, the CPU (model, native ISA, count), git commit, time."""
     import jax
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -109,12 +109,16 @@ def environment() -> dict:
         load = os.getloadavg()
     except OSError:
         load = None
+    from growmem.reporting import host
+    h = host()
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
         "cpu_count": os.cpu_count(),
+        "cpu": h["cpu"],
+        "isa": h["isa"],
         "load_average": load,
         "python": platform.python_version(),
         "machine": platform.machine(),
