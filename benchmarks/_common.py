@@ -7,11 +7,8 @@ its headline figures (plus the full data beside it) and a PNG plot ``<out>/<name
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -95,44 +92,12 @@ def loglog_slope(x, y) -> float:
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
-def environment() -> dict:
-    """Where the numbers came from: versions, devices, the CPU (model, native ISA, count), git commit, time."""
-    import jax
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=Path(__file__).parent,
-                                    capture_output=True, text=True, timeout=10).stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = None, None
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    from growmem.reporting import host
-    h = host()
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "cpu_count": os.cpu_count(),
-        "cpu": h["cpu"],
-        "isa": h["isa"],
-        "load_average": load,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-    }
-
-
 def write_results(name: str, summary: Mapping[str, Any], data: Mapping[str, Any], out_dir=RESULTS_DIR) -> Path:
     """Write ``<out_dir>/<name>.json``: ``{"name", "summary", "environment", **data}``.
 
     Numpy scalars/arrays are converted; non-finite floats become ``null``.
     """
-    doc = {"name": name, "summary": dict(summary), "environment": environment(), **data}
+    doc = {"name": name, "summary": dict(summary), **data}
     return reporting.write_json(Path(out_dir) / f"{name}.json", doc)
 
 

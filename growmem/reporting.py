@@ -44,18 +44,53 @@ def host() -> Dict[str, Any]:
     return {"cpu": model, "isa": isa[0] if isa else None, "cores": os.cpu_count()}
 
 
-def write_json(path, payload: Dict[str, Any]) -> Path:
-    """Write ``payload`` (+ environment info) to ``path`` atomically (tmp file + rename)."""
+def _checkout() -> Dict[str, Any]:
+    """``{"git_commit", "git_dirty"}`` of the git checkout growmem is imported from (an editable install, the
+    benchmarks' clone); both None for an installed package, even one that sits inside another repository."""
+    import subprocess
+
+    pkg = Path(__file__).resolve().parent
+
+    def git(*cmd):
+        return subprocess.run(["git", "-C", str(pkg), *cmd], capture_output=True, text=True, timeout=10)
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or Path(top.stdout.strip()).resolve() / pkg.name != pkg:
+            return {"git_commit": None, "git_dirty": None}
+        return {"git_commit": git("rev-parse", "HEAD").stdout.strip() or None,
+                "git_dirty": bool(git("status", "--porcelain").stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def environment() -> Dict[str, Any]:
+    """Where a result came from, the one record every result file carries (``write_json`` adds it): when
+    (UTC), the Python / JAX / growmem versions, the backend and devices, the host (:func:`host`), the load
+    average while it was written and the growmem checkout's commit."""
     import jax
 
+    from .version import __version__
+
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    return {"written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "python": sys.version.split()[0], "jax": jax.__version__, "growmem": __version__,
+            "backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
+            "platform": platform.platform(), "machine": platform.machine(), **host(),
+            "load_average": load, **_checkout()}
+
+
+def write_json(path, payload: Dict[str, Any]) -> Path:
+    """Write ``payload`` to ``path`` atomically (tmp file + rename), with its ``environment`` (:func:`environment`)
+    unless the payload brings one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = dict(payload)
-    payload.setdefault("environment", {
-        "python": sys.version.split()[0], "jax": jax.__version__, "platform": platform.platform(),
-        "devices": [str(d) for d in jax.devices()], "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **host(),
-    })
+    if "environment" not in payload:
+        payload["environment"] = environment()
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

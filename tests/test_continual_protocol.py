@@ -65,6 +65,52 @@ def test_a_json_says_which_cpu_and_instruction_set_measured_it(tmp_path):
     assert {k: env[k] for k in ("cpu", "isa", "cores")} == host()
 
 
+def test_the_environment_names_the_growmem_checkout_and_only_its_own(tmp_path, monkeypatch):
+    import subprocess
+    from pathlib import Path
+
+    from growmem import reporting
+
+    def repo(root, pkg):        # a git repository with a growmem package at ``pkg`` inside it
+        (root / pkg).mkdir(parents=True)
+        (root / pkg / "reporting.py").write_text("# a copy\n")
+        for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
+            subprocess.run(["git", "-C", str(root), *cmd], check=True, capture_output=True)
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    head = repo(tmp_path / "checkout", "growmem")
+    monkeypatch.setattr(reporting, "__file__", str(tmp_path / "checkout" / "growmem" / "reporting.py"))
+    assert reporting._checkout() == {"git_commit": head, "git_dirty": False}
+    (tmp_path / "checkout" / "growmem" / "new.py").write_text("")
+    assert reporting._checkout() == {"git_commit": head, "git_dirty": True}
+    # installed into a virtual environment that sits inside some other repository: not growmem's commit
+    repo(tmp_path / "project", ".venv/lib/site-packages/growmem")
+    monkeypatch.setattr(reporting, "__file__",
+                        str(tmp_path / "project" / ".venv/lib/site-packages/growmem" / "reporting.py"))
+    assert reporting._checkout() == {"git_commit": None, "git_dirty": None}
+    monkeypatch.undo()
+    env = reporting.environment()
+    assert env["load_average"] is None or len(env["load_average"]) == 3
+    assert {"written_at", "python", "jax", "growmem", "devices", "cpu", "isa", "git_commit"} <= set(env)
+
+
+def test_benchmark_results_carry_the_one_environment_record(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    from growmem import reporting
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import _common
+    finally:
+        sys.path.pop(0)
+    env = json.loads(_common.write_results("x", {"a": 1}, {}, out_dir=tmp_path).read_text())["environment"]
+    assert set(env) == set(reporting.environment()) and not hasattr(_common, "environment")
+
+
 def test_methods_are_named_by_what_they_are():
     m = methods.resolve("growmem", "split_mnist")
     assert (m.name, m.family, m.alias) == ("target:dct", "target", "growmem")

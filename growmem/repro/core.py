@@ -16,8 +16,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -723,15 +721,6 @@ def write_results(exp: Experiment, preset: str, cfg: dict, payload: dict, out: P
     doc = {"experiment": exp.name, "preset": preset, "paper": exp.paper, "claim": exp.claim,
            "summary": payload["summary"], "command": command, "config": cfg, "notes": list(notes),
            "seconds": seconds, **{k: v for k, v in payload.items() if k != "summary"}}
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    import jax
-    doc["environment"] = {"python": sys.version.split()[0], "jax": jax.__version__,
-                          "devices": [str(d) for d in jax.devices()], "cpu_count": os.cpu_count(),
-                          "load_average": load,
-                          "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     json_path = write_json(Path(out) / f"{exp.name}.json", doc)
     plt = pyplot()
     fig = exp.plot(doc, plt)
