@@ -426,10 +426,27 @@ def on_edge(points, best: int) -> list:
     return out
 
 
-def _tuned_entry(method: str, results: list, seed: int, protocol: str) -> dict:
-    """A method's grid at one stream and budget: its points, the best one within the budget, whether that sits
-    on the grid's edge (and the reason, where EDGE_REASONS gives one)."""
-    ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]]
+def _stale(r, digest) -> bool:
+    """A point run on another version of its method's preset file (recorded digest not ``digest``)."""
+    return r.get("preset_digest") is not None and r.get("preset_digest") != digest
+
+
+def _newer(r, old, digest) -> bool:
+    """Whether point ``r`` replaces ``old`` (the same settings) when tuning files combine: a point of the preset
+    file as it is now over one recorded before points named their preset's digest, that over a stale one; then
+    the later run (``ran_at``; a point without it is older than one with it); at a tie the later file's. So a
+    copy of an old tuning file, combined after a grid was rerun, cannot bring the old numbers back."""
+    def rank(p):
+        return (0 if _stale(p, digest) else 2 if p.get("preset_digest") == digest else 1, p.get("ran_at") or "")
+    return rank(r) >= rank(old)
+
+
+def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=None) -> dict:
+    """A method's grid at one stream and budget: its points, the best one within the budget (never a point run
+    on another version of the preset, whose ``digest`` is given), whether that sits on the grid's edge (and the
+    reason, where EDGE_REASONS gives one)."""
+    ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]
+          and not (digest is not None and _stale(r, digest))]
     best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
     edge = None if best is None else on_edge([r["settings"] for r in results], best)
     chosen = None if best is None else flat_settings(results[best]["settings"])
@@ -485,20 +502,25 @@ def tune(args, cfg, streams, seeds, budgets):
                         results.append({"settings": point, "accuracy": None, "why": str(e)})
                         continue
                     results.append({"settings": point, "accuracy": _acc(r), "bytes_peak": r["summary"]["bytes_in_use_peak"],
-                                    "within_budget": r["summary"]["within_budget"], "preset_digest": digest})
+                                    "within_budget": r["summary"]["within_budget"], "preset_digest": digest,
+                                    "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
                     print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
-                    _tuned_entry(m, results, seeds[0], args.protocol)
+                    _tuned_entry(m, results, seeds[0], args.protocol, digest)
     invocations = doc["invocations"]
     for other in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):   # grids tuned apart
         for stream, bs in other["streams"].items():
             for b, ms in bs.items():
                 for m, e in ms.items():
                     here = doc["streams"].setdefault(stream, {}).setdefault(b, {})
-                    points = {json.dumps(r["settings"], sort_keys=True): r
-                              for r in here.get(m, {}).get("results", []) + e["results"]}
-                    here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"])
+                    digest = preset_digest(resolve(m, stream))
+                    points = {}
+                    for r in here.get(m, {}).get("results", []) + e["results"]:
+                        k = json.dumps(r["settings"], sort_keys=True)
+                        if k not in points or _newer(r, points[k], digest):
+                            points[k] = r
+                    here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"], digest)
         invocations = invocations + other["invocations"]
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())}
