@@ -125,12 +125,19 @@ def _cross(center: dict, **axes):
     return [{"overrides": p} for p in pts]
 
 
-def _readout_settings(budget) -> dict:
-    """``net:readout_replay_dct``'s readout T and β chosen on validation at ``budget`` (the preset's where it
-    was not tuned): the policy presets built on it (novelty, decay, hybrid) are tuned from there, so that each
-    differs from it by its policy alone."""
+def _readout_settings(budget, method="net:readout_replay_dct") -> dict:
+    """``method``'s readout T and β chosen on validation at ``budget`` (the preset's where it was not tuned):
+    the policy presets built on ``net:readout_replay_dct`` (novelty, decay, hybrid) are tuned from there, so that
+    each differs from it by its policy alone; a readout's replay rate from its own."""
     chosen = chosen_settings(RESULTS / "continual_frontier_tune.json").get("split_mnist", {}).get(str(int(budget)), {})
-    return dict((chosen.get("net:readout_replay_dct") or {}).get("overrides", {}))
+    over = (chosen.get(method) or {}).get("overrides", {})
+    return {k: v for k, v in over.items() if k in ("readout.temperature", "readout.beta")}
+
+
+def _replay_rate(method, values=(8, 16, 32)):
+    """Self-replay's rows a step (``replay.samples``; the preset's 16 tried explicitly, so the grid has both
+    ends) at ``method``'s own chosen T and β: a second stage after T and β."""
+    return lambda b, s: [{"overrides": {**_readout_settings(b, method), "replay.samples": n}} for n in values]
 
 
 def _policy_grid(key, values, below=()):
@@ -144,9 +151,11 @@ TUNE_GRID = {
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": (0.125, 0.25, 0.5, 2.0, 4.0),
                                                      "readout.beta": (0.3, 3.0)}),
+    # then self-replay's rate at the chosen T and β (tuned at 1 MB so far)
     "net:readout_replay_dct_merge": lambda b, s: _cross(
         {"readout.temperature": 1.0, "readout.beta": 1.0},
-        **{"readout.temperature": (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)}),
+        **{"readout.temperature": (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0), "readout.beta": (0.3, 3.0)})
+    + _replay_rate("net:readout_replay_dct_merge")(b, s),
     # k = 5, the top, won at 3 MB: from there on also 10
     "knn:dct": lambda b, s: [{"overrides": {"k": k}} for k in (1, 3, 5) + ((10,) if b >= 3_000_000 else ())],
     "er_balanced:raw": lambda b, s: _er_widths(b, "er_balanced:raw"),
