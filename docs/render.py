@@ -295,6 +295,69 @@ def render_continual_frontier_tune(doc) -> str:
     return table(["stream", "budget", "method", "seed", "validation accuracy of each point", "chosen", "grid"], rows) + f"\n*From `benchmarks/results/continual_frontier_tune.json` ({cmds}).*\n"
 
 
+def _preset_value(stream: str, method: str, key: str):
+    """The value a frontier run of ``method`` takes for setting ``key`` when no override sets it: its preset
+    file's (``section.key``, ``policy.I.key``), or an order-free model's constructor default."""
+    import inspect
+    import tomllib
+
+    from growmem import config, order_free
+    from growmem.continual.methods import resolve
+
+    m = resolve(method, stream)
+    models = {"knn": order_free.KNN, "ncm": order_free.NCM, "slda": order_free.SLDA}
+    if m.family in models:
+        param = inspect.signature(models[m.family]).parameters.get(key)
+        return None if param is None else param.default
+    doc = tomllib.loads(config.resolve(m.preset).read_text())
+    head, *rest = key.split(".")
+    if head == "policy":
+        return doc["policy"][int(rest[0])].get(rest[1])
+    return doc.get(head, {}).get(rest[0])
+
+
+@renderer("frontier_untuned", "continual_frontier.json", "continual_frontier_tune.json")
+def render_frontier_untuned(doc, tune) -> str:
+    """What the frontier still lacks: the preset's cells with fewer than 5 seeds, and the rows whose runs did not take the setting the validation grid now chooses at their
+    stream and budget (a grid tuned or extended after they ran): what they ran with, what was chosen."""
+    chosen = {(st, int(b), m): e["chosen"] for st, by_budget in tune["streams"].items()
+              for b, ms in by_budget.items() for m, e in ms.items()}
+    rows = {}
+    for r in doc["runs"]:
+        c = chosen[(r["stream"], r["budget"], r["method"])] if (r["stream"], r["budget"], r["method"]) in chosen \
+            else None
+        if not c:
+            continue
+        if "overrides" in c:
+            want = dict(c["overrides"].items())
+            over = dict(r["config"]["growmem"]["overrides"].items())   # each key optional: the preset's value
+            ran = {k: over[k] if k in over else _preset_value(r["stream"], r["method"], k) for k in want}
+        else:
+            want = dict(c.items())
+            ran = {k: r["config"][k] for k in want}
+        if ran != want:
+            key = (r["stream"], r["protocol"], r["method"], r["budget"])
+            rows.setdefault(key, [json.dumps(ran, sort_keys=True), json.dumps(want, sort_keys=True), 0])[2] += 1
+    out = "**Cells not measured yet** (a method of the preset with fewer than 5 seeds at a budget its stream ran)\n\n"
+    missing = []
+    for protocol, key in (("online", "methods"), ("offline", "offline_methods")):
+        for st, wanted in doc["config"][key].items():
+            runs = [r for r in doc["runs"] if (r["stream"], r["protocol"]) == (st, protocol)]
+            for b in sorted({r["budget"] for r in runs}):
+                short = [f"`{m}`" + (f" ({n})" if n else "") for m in wanted
+                         for n in [len({r["seed"] for r in runs if (r["method"], r["budget"]) == (m, b)})] if n < 5]
+                if short:
+                    missing.append([f"{st}, {protocol}, {mb(b)} MB", ", ".join(short)])
+    out += table(["stream, protocol, budget", "methods (seeds run)"], missing) if missing else "None.\n"
+    out += ("\n**Rows run before their grid chose another setting** (tuned or extended after they ran; "
+            "rerunning them is next)\n\n")
+    if not rows:
+        return out + "None: every row ran the setting its validation grid chooses.\n"
+    return out + table(["stream, protocol, budget", "method", "its runs took", "the grid now chooses", "runs"],
+                       [[f"{st}, {pr}, {mb(b)} MB", f"`{m}`", f"`{ran}`", f"`{want}`", n]
+                        for (st, pr, m, b), (ran, want, n) in sorted(rows.items())])
+
+
 @renderer("frontier_networks", "continual_frontier.json")
 def render_frontier_networks(doc) -> str:
     """Per stream and budget: the best growing network (``net:*``) against the best online replay of raw

@@ -285,3 +285,27 @@ def test_the_lint_passes_hyperparameters_defaults_and_code():
 def test_prose_has_no_hand_typed_measurements(path):
     found = measured_numbers(path.read_text())
     assert not found, f"{path.relative_to(ROOT)}: render these from a JSON (docs/render.py) or drop them: {found}"
+
+
+def test_the_frontier_lists_rows_that_ran_another_setting_than_their_grid_chooses():
+    """A run without an override took its preset's value: listed only where the grid chose another one; a
+    cell short of 5 seeds is listed with the seeds it has."""
+    import tomllib
+
+    from growmem import config
+
+    dim = tomllib.loads(config.resolve("target_proj_merge").read_text())["keys"]["dim"]
+
+    def run(budget, seed, overrides):
+        return {"stream": "permuted_mnist", "protocol": "online", "method": "target:proj_merge", "budget": budget,
+                "seed": seed, "config": {"growmem": {"overrides": overrides}}}
+
+    doc = {"config": {"methods": {"permuted_mnist": ["target:proj_merge"]}, "offline_methods": {}},
+           "runs": [run(1, s, {}) for s in range(5)] + [run(2, s, {}) for s in range(5)]
+           + [run(3, s, {"keys.dim": 2 * dim}) for s in range(3)]}
+    tune = {"streams": {"permuted_mnist": {str(b): {"target:proj_merge": {"chosen": {"overrides": {"keys.dim": d}}}}
+                                           for b, d in ((1, dim), (2, 2 * dim), (3, 2 * dim))}}}
+    text = render.render_frontier_untuned(doc, tune)
+    assert "| permuted_mnist, online, 0.00 MB | `target:proj_merge` (3) |" in text          # budget 3: 3 seeds
+    listed = [ln for ln in text.splitlines() if f'`{{"keys.dim": {2 * dim}}}`' in ln]
+    assert len(listed) == 1 and f'`{{"keys.dim": {dim}}}`' in listed[0] and listed[0].endswith("| 5 |")
