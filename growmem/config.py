@@ -126,6 +126,7 @@ MODEL = {
     "nonlinearity": _enum("none", "relu", "gelu"),
     "normalize": Field("bool", "true or false"),
     "capacity": _num(1, kind="int"),
+    "replay_memory": Field("bool", "true or false"),
 }
 LAYER = {
     "kernel": _enum(*kernels.KERNELS),
@@ -254,6 +255,8 @@ class Preset:
     nonlinearity: str = "none"
     normalize: bool = True
     capacity: int = 256
+    #: [model] replay_memory: a layer of the inputs beside the network, what SelfReplay draws from
+    replay_memory: bool = False
     hybrid: Tuple[Tuple[str, Any], ...] = ()
     train: Tuple[Tuple[str, Any], ...] = ()
     policy_entries: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...] = ()
@@ -283,7 +286,8 @@ class Preset:
     def self_replay(self):
         """The trainer's ``replay`` (a :class:`growmem.train.SelfReplay`), or None."""
         n = int(dict(self.replay).get("samples", 0))
-        return train.SelfReplay(n, seed=int(self.settings["seed"])) if n else None
+        return train.SelfReplay(n, layer="replay" if self.replay_memory else None,
+                                seed=int(self.settings["seed"])) if n else None
 
     @property
     def name(self) -> str:
@@ -325,15 +329,15 @@ class Preset:
                 return chain
             return policies.chain(*([] if chain is None else [chain]), policies.hybrid(self.hybrid_tx()))
 
-        if not per_layer and set(self.hybrid_layers) in (set(), {"block", "readout"}):
+        if not per_layer and not self.replay_memory and set(self.hybrid_layers) in (set(), {"block", "readout"}):
             return chain_of("readout")
-        return lambda path: chain_of("readout" if path == "readout" else "block")
+        return lambda path: chain_of(path if path in ("readout", "replay") else "block")
 
     def model(self, d_out: int) -> layers.ResidualGrowingNet:
         act = {"none": None, **{k: layers.ACTIVATIONS[k] for k in ("relu", "gelu")}}[self.nonlinearity]
         return layers.ResidualGrowingNet(d_out=d_out, n_blocks=self.n_blocks, block=self.block,
                                          readout=self.readout, capacity=self.capacity, nonlinearity=act,
-                                         normalize=self.normalize)
+                                         normalize=self.normalize, replay_memory=self.replay_memory)
 
     def trainer(self, sample_input, d_out: int, rng=None, *, loss=None, **kwargs) -> train.Trainer:
         """A :class:`growmem.Trainer` of this preset's model and policies (``loss`` overrides
@@ -429,8 +433,11 @@ def _key_table(path, section: str, table) -> dict:
     return keys
 
 
-#: a ``[[policy]]`` entry's ``layer``: the entry applies to the residual blocks or to the readout only
-POLICY_LAYER = _enum("block", "readout")
+#: the kinds of growing layer a ``[[policy]]`` entry's ``layer`` names: the residual blocks, the readout, or the
+#: rehearsal layer of ``[model] replay_memory``
+LAYER_KINDS = ("block", "readout", "replay")
+#: a ``[[policy]]`` entry's ``layer``: the entry applies to those layers only
+POLICY_LAYER = _enum(*LAYER_KINDS)
 
 
 def policy_params(params) -> dict:
@@ -467,7 +474,7 @@ def _build_policy(path, entries) -> tuple:
         except ValueError as e:
             raise ConfigError(f"{path}: key '{where}': {e}") from None
         entries_out.append((name, tuple(sorted(params.items()))))
-    for kind in ("block", "readout"):
+    for kind in LAYER_KINDS:
         try:
             policies.chain(*[p for layer, p in built if layer in (None, kind)])
         except ValueError as e:
@@ -586,7 +593,11 @@ def load(name_or_path, overrides: Optional[Mapping[str, Any]] = None) -> Union[P
     replay = _validate(path, "replay", doc.get("replay", {}), REPLAY)
     if "replay" in doc and "samples" not in replay:
         raise ConfigError(f"{path}: key 'replay.samples' is missing; allowed: {REPLAY['samples'].allowed}")
-    first = "block" if model.get("n_blocks", 0) else "readout"      # the layer SelfReplay draws from
+    # the layer SelfReplay draws from: the rehearsal layer, else the first one (its keys are the inputs)
+    first = "replay" if model.get("replay_memory") else "block" if model.get("n_blocks", 0) else "readout"
+    if any(dict(p).get("layer") == "replay" for _, p in entries) and not model.get("replay_memory"):
+        raise ConfigError(f"{path}: a [[policy]] names layer = 'replay' but the model has no rehearsal layer; "
+                          f"allowed: set replay_memory = true in [model]")
     if replay.get("samples") and not any(dict(p).get("layer") in (None, first) and (
             n == "labels" or (n == "capacity" and dict(p).get("on_full") in ("evict_balanced", "merge"))) for n, p in entries):
         raise ConfigError(f"{path}: key 'replay' needs the rows' labels; allowed: add a [[policy]] with name = "

@@ -190,6 +190,12 @@ class ResidualGrowingNet(nn.Module):
     ``block`` and ``readout`` are the specs of the residual blocks and the readout;
     residual blocks keep ``d_out = d_e``. ``nonlinearity`` (optional) is applied to
     each block output (None for RBF / weighted softmax, whose kernel is nonlinear).
+
+    ``replay_memory``: a growing layer ``replay`` beside the network, queried with RMSNorm(x) like the first
+    block, whose output the network does not use: its rows are the inputs it saw (and, with a labels or
+    class-balanced capacity policy on it, their classes), a rehearsal buffer apart from the block's rows
+    (:class:`growmem.train.SelfReplay` draws from it), so the block can keep or freeze its own rows
+    whatever the buffer keeps. Its values are one wide (the rule's ṽ of a zero error: nothing is learned there).
     """
 
     d_out: int
@@ -199,12 +205,15 @@ class ResidualGrowingNet(nn.Module):
     capacity: int = DEFAULT_CAPACITY
     nonlinearity: Optional[Callable] = None
     normalize: bool = True
+    replay_memory: bool = False
 
     @nn.compact
     def __call__(self, x):
         if self.n_blocks < 0:
             raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
         norm = rms_norm if self.normalize else (lambda e: e)
+        if self.replay_memory:      # rows of the inputs, for rehearsal only: its output reaches no loss
+            GrowingLayer(self.block or self.readout, 1, self.capacity, name="replay")(norm(x))
         e = x
         for i in range(self.n_blocks):
             h = GrowingLayer(self.block or self.readout, e.shape[-1], self.capacity, name=f"block_{i}")(norm(e))

@@ -312,7 +312,8 @@ def _per_layer(what: str, value, paths, default=None) -> Dict[tuple, Any]:
 @dataclasses.dataclass(frozen=True)
 class SelfReplay:
     """Rehearsal from the network's own memory: every step adds ``samples`` rows of ``layer`` (default:
-    the first growing layer, ``block_0`` or ``readout``) to the batch as training samples, drawn
+    the first growing layer, ``block_0`` or ``readout``; or ``"replay"``, the rehearsal layer of a
+    ``ResidualGrowingNet(replay_memory=True)``, whose rows no output reads) to the batch as training samples, drawn
     uniformly with replacement among its rows of known class (``seed``, the step: the same draws on a
     resume). A row's key is its sample's input — the first layer of a :class:`~growmem.layers.ResidualGrowingNet`
     is queried with ``RMSNorm(x)``, which RMSNorm maps to itself — and its class is what the layer's
@@ -582,16 +583,17 @@ class Trainer:
         return metrics
 
     def _replay_layer(self) -> tuple:
-        """The path of the layer :class:`SelfReplay` draws from (checked once: it must be the network's
-        first growing layer, whose keys are the normalised inputs, and keep its rows' labels)."""
+        """The path of the layer :class:`SelfReplay` draws from (checked once: the network's rehearsal layer
+        ``replay`` or its first growing layer, whose keys are the normalised inputs, keeping its rows' labels)."""
         if self._replay_path is not None:
             return self._replay_path
         mems = self.memories()
         first = sorted(mems, key=lambda p: (p != ("block_0",), p != ("readout",), p))[0]
         want = tuple(self.replay.layer.split("/")) if self.replay.layer else first
-        if want != first:
-            raise ValueError(f"SelfReplay replays the keys of the network's first growing layer ({layer_key(first)}), "
-                             f"which are its inputs; got layer {self.replay.layer!r}")
+        if want not in (first, ("replay",)) or want not in mems:
+            raise ValueError(f"SelfReplay replays keys that are the network's inputs: those of its first growing "
+                             f"layer ({layer_key(first)}) or of its rehearsal layer 'replay' (replay_memory=True); "
+                             f"got layer {self.replay.layer!r}")
         mem = mems[want]
         if mem.policy is None or polib.stored_labels(jax.eval_shape(mem.policy.init, mem)) is None:
             raise ValueError(f"SelfReplay needs the labels of {layer_key(want)}'s rows: give that layer a "

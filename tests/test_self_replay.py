@@ -232,3 +232,72 @@ def test_merge_at_the_cap_keeps_the_total_weight_and_the_class_balance():
     assert np.bincount(lab, minlength=3).tolist() == [4, 4, 4]        # class 0 folded its own three rows away
     with pytest.raises(ValueError, match="on_full must be one of .*'merge'"):
         policies.capacity(cap, on_full="merge_all")
+
+
+# ---- a rehearsal layer beside the network (replay_memory): the buffer apart from the block ------------------
+
+def test_a_rehearsal_layer_beside_the_network_is_what_self_replay_draws_from():
+    """With ``replay_memory`` the network has a layer ``replay`` of its inputs that no loss reads: its rows are
+    the samples seen with their classes, self-replay draws from it (so a block frozen on the first class does
+    not limit what is rehearsed), and the network's outputs are those of the same network without it."""
+    x, y = _data(96, classes=3)
+    order = np.argsort(y, kind="stable")            # class 0, then 1, then 2: a class-incremental stream
+    x, y = x[order], y[order]
+    spec = gm.GrowingSpec.make("weighted_softmax", temperature=1.0, eta=0.003, beta=3.0)
+    net = gm.ResidualGrowingNet(d_out=3, n_blocks=1, readout=spec, replay_memory=True)
+    pol = {"block_0": policies.capacity(8, "reject"), "readout": policies.labels(),
+           "replay": policies.capacity(60, "evict_balanced")}
+    tr = gm.Trainer(net, sample_input=x[:4], policy=pol, replay=SelfReplay(6, layer="replay", seed=2))
+    for i in range(0, 96, 8):
+        tr.step(x[i:i + 8], y[i:i + 8])
+    rows = tr.rows_in_use()
+    assert rows["block_0"] == 8                     # frozen once full, on class 0 alone
+    rep = tr.memories()[("replay",)]
+    labels = np.asarray(policies.stored_labels(tr.state.policy_state["replay"]))[:rows["replay"]]
+    assert rows["replay"] == 60 and sorted(np.bincount(labels, minlength=3)) == [20, 20, 20]   # balanced
+    # its rows are the inputs (RMSNorm'd) with their classes: each a stream sample or a rehearsal of one
+    q = np.asarray(gm.rms_norm(jnp.asarray(x)))
+    keys = np.asarray(rep.k)[:rows["replay"]]
+    for k, c in zip(keys, labels):
+        j = int(np.argmin(np.abs(q - k).max(axis=1)))
+        np.testing.assert_allclose(k, q[j], rtol=0, atol=1e-5)
+        assert c == y[j]
+    # the rehearsals come from it: classes the frozen block never stored are replayed
+    xr, yr = tr._with_replay(jnp.asarray(x[:8]), jnp.asarray(y[:8]))
+    assert set(np.asarray(yr)[8:].tolist()) - {0}
+    for xi in np.asarray(xr)[8:]:
+        assert np.min(np.abs(keys - xi).max(axis=1)) == 0.0
+    # the outputs do not read it
+    plain = gm.ResidualGrowingNet(d_out=3, n_blocks=1, readout=spec)
+    v = tr.variables
+    without = {"params": v["params"], "memory": {k: m for k, m in v["memory"].items() if k != "replay"}}
+    np.testing.assert_array_equal(np.asarray(tr.predict(x)), np.asarray(plain.apply(without, jnp.asarray(x))))
+
+
+def test_a_preset_with_a_rehearsal_layer_gives_it_its_own_policies_and_budget_share(tmp_path):
+    from growmem import config
+    from growmem.continual.learner import GrowmemConfig, GrowmemLearner, bytes_per_row
+    from growmem.errors import ConfigError
+    from growmem.memory import row_bytes
+
+    pre = config.load("replay_dct_buffer_freeze")
+    assert pre.replay_memory and pre.self_replay().layer == "replay"
+    pol = pre.policies()
+    assert "reject" in pol("block_0").name and "evict_balanced" in pol("replay").name
+    assert bytes_per_row(pre, 100, 10) == row_bytes(100, 100, "bfloat16") + row_bytes(100, 10, "bfloat16") + \
+        row_bytes(100, 1, "bfloat16")
+    text = (config.PRESET_DIR / "replay_dct_buffer_freeze.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("replay_memory = true\n", ""))
+    with pytest.raises(ConfigError, match="replay_memory = true"):
+        config.load(bad)
+    # under a budget every layer, the rehearsal layer too, holds the rows it allows: bytes in use within it
+    rs = np.random.RandomState(0)
+    learner = GrowmemLearner(GrowmemConfig(preset="replay_dct_buffer_freeze"), num_classes=10, seed=0,
+                             budget_bytes=120_000)
+    for _ in range(30):
+        learner.step(rs.rand(16, 784).astype(np.float32), rs.randint(0, 10, 16))
+    b = learner.memory_bytes()
+    assert b["bytes_in_use"] <= 120_000
+    rows = next(iter(learner.trainers.values())).rows()
+    assert set(rows) == {"block_0", "readout", "replay"} and rows["replay"] == learner.max_rows

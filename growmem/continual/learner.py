@@ -182,19 +182,22 @@ def with_row_cap(preset, max_rows: int, on_full: str = "evict_oldest"):
         entries.append(("capacity", (("max_rows", int(max_rows)), ("on_full", on_full))))
     elif None not in covered:     # a layer whose capacity entries name only the other layer gets one of its own
         entries += [("capacity", (("layer", kind), ("max_rows", int(max_rows)), ("on_full", on_full)))
-                    for kind in ("block", "readout") if kind not in covered]
+                    for kind in ("block", "readout") + (("replay",) if preset.replay_memory else ())
+                    if kind not in covered]
     batch = int(preset.settings["batch_size"])
     return dataclasses.replace(preset, policy_entries=tuple(entries), capacity=max_rows + batch)
 
 
 def bytes_per_row(preset, d_in: int, d_out: int) -> int:
     """Row bytes (w, k, ṽ, born at their stored dtypes) summed over the layers of the preset's model
-    (``n_blocks`` blocks + readout); per-row policy state (a hybrid layer's optimizer moments, labels) is
-    measured on a model by :meth:`GrowmemLearner._other_bytes`."""
+    (``n_blocks`` blocks + readout, and the rehearsal layer of ``replay_memory``, one-wide values); per-row
+    policy state (a hybrid layer's optimizer moments, labels) is measured on a model by
+    :meth:`GrowmemLearner._other_bytes`."""
     from growmem.memory import row_bytes
 
     return preset.n_blocks * row_bytes(d_in, d_in, preset.block.row_dtype) + \
-        row_bytes(d_in, d_out, preset.readout.row_dtype)
+        row_bytes(d_in, d_out, preset.readout.row_dtype) + \
+        (row_bytes(d_in, 1, preset.block.row_dtype) if preset.replay_memory else 0)
 
 
 class GrowmemLearner:
