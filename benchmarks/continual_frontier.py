@@ -134,10 +134,10 @@ def _readout_settings(budget, method="net:readout_replay_dct") -> dict:
     return {k: v for k, v in over.items() if k in ("readout.temperature", "readout.beta")}
 
 
-def _replay_rate(method, values=(4, 8, 16, 32)):
+def _replay_rate(method, values=(1, 2, 4, 8, 16, 32)):
     """Self-replay's rows a step (``replay.samples``; the preset's 16 tried explicitly, so the grid has both
     ends) at ``method``'s own chosen T and β: a second stage after T and β. 8, the first grid's low end, won at
-    1 MB: also 4."""
+    1 MB, then 4: also 2 and 1."""
     return lambda b, s: [{"overrides": {**_readout_settings(b, method), "replay.samples": n}} for n in values]
 
 

@@ -487,9 +487,9 @@ def test_the_merging_readouts_replay_rate_is_tuned_at_its_own_chosen_bandwidth(t
     monkeypatch.setattr(cf, "RESULTS", tmp_path)
     grid = cf.TUNE_GRID["net:readout_replay_dct_merge"](1_000_000, "split_mnist")
     rate = [p["overrides"] for p in grid if "replay.samples" in p["overrides"]]
-    assert rate == [{"readout.temperature": 0.5, "readout.beta": 3.0, "replay.samples": n} for n in (4, 8, 16, 32)]
+    assert rate == [{"readout.temperature": 0.5, "readout.beta": 3.0, "replay.samples": n} for n in (1, 2, 4, 8, 16, 32)]
     assert {"overrides": {"readout.temperature": 1.0, "readout.beta": 1.0}} in grid     # the first stage stays
     # where nothing was chosen yet, the preset's own T and β
     rate = [p["overrides"] for p in cf.TUNE_GRID["net:readout_replay_dct_merge"](3_000_000, "split_mnist")
             if "replay.samples" in p["overrides"]]
-    assert rate == [{"replay.samples": n} for n in (4, 8, 16, 32)]
+    assert rate == [{"replay.samples": n} for n in (1, 2, 4, 8, 16, 32)]
