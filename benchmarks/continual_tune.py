@@ -162,6 +162,23 @@ def edges(method: str, results, chosen, extended=None) -> dict:
     return out
 
 
+def _extended(entry) -> dict:
+    """``{(setting, end): values added past the grid}`` an entry's ``on_edge`` records (a combined file keeps
+    the count, so an edge whose extensions ran out keeps its reason)."""
+    return {(k, e["edge"]): int(e.get("extended", 0)) for k, e in (entry.get("on_edge") or {}).items()}
+
+
+def _newer(r, old, digest) -> bool:
+    """Whether point ``r`` replaces ``old`` (the same settings and stream options) when files combine: one run
+    on the method's preset file as it is now over one recorded before points named their digest, that over a
+    stale one; then the later run (``ran_at``); at a tie the later file's. A copy of an old tuning file
+    combined after a grid was rerun cannot bring the old numbers back (the frontier's tuner does the same)."""
+    def rank(p):
+        d = p.get("preset_digest")
+        return (0 if d is not None and d != digest else 2 if d == digest else 1, p.get("ran_at") or "")
+    return rank(r) >= rank(old)
+
+
 def next_points(method: str, results, chosen, extended: dict) -> list:
     """The settings to try next: for each numeric setting of ``chosen`` at an end of its values with no
     reason to stop there, the value beyond it (``extended`` counts the values added per (setting, end))."""
@@ -243,14 +260,21 @@ def main(argv=None):
             for stream, ms in other["streams"].items():
                 for m, entry in ms.items():
                     old = doc["streams"].setdefault(stream, {}).get(m)
+                    extended = _extended(entry)
                     if old is not None:   # a later file extends a method's grid: keep every point
-                        seen = {_key(r["settings"]) for r in entry["results"]}
+                        digest = preset_digest(resolve(m, stream))
+                        points = {}
+                        for r in old["results"] + entry["results"]:
+                            k = (_key(r["settings"]), _key(r.get("stream_options", {})))
+                            if k not in points or _newer(r, points[k], digest):
+                                points[k] = r
+                        for k, n in _extended(old).items():
+                            extended[k] = max(n, extended.get(k, 0))
                         entry = {**entry, "grid": old["grid"] + [g for g in entry["grid"] if _key(g) not in
                                                                  {_key(x) for x in old["grid"]}],
-                                 "results": [r for r in old["results"] if _key(r["settings"]) not in seen]
-                                 + entry["results"]}
+                                 "results": list(points.values())}
                     entry["chosen"] = choose(entry["results"], budget)
-                    entry["on_edge"] = edges(m, entry["results"], entry["chosen"])
+                    entry["on_edge"] = edges(m, entry["results"], entry["chosen"], extended)
                     doc["streams"][stream][m] = entry
             doc["invocations"] += other.get("invocations", [])
         for stream, ms in doc["streams"].items():      # a shared method follows its source's final choice
@@ -301,7 +325,8 @@ def main(argv=None):
                       f"{s['bytes_in_use_peak'] / 1e6:.2f} MB, {s['wall_seconds']:.0f} s", flush=True)
                 return {"settings": settings, "accuracy": s["acc_mean_over_experiences"],
                         "bytes": s["bytes_in_use_peak"], "within_budget": s["within_budget"],
-                        "wall_s": s["wall_seconds"], "stream_options": opts, "preset_digest": digest}
+                        "wall_s": s["wall_seconds"], "stream_options": opts, "preset_digest": digest,
+                        "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
             points = list(grid)
             while points:

@@ -358,6 +358,44 @@ def test_tuning_with_merge_reads_back_the_points_it_holds_and_runs_only_the_new_
     assert len(calls) == 2 * n
 
 
+def test_combining_tuning_files_keeps_the_newest_points_and_the_reason_an_edge_stopped(tmp_path, monkeypatch):
+    """``--combine``: a stale copy of a tuning file (a lane copied it before a grid ran again) cannot bring
+    its older points back, and an edge whose extensions ran out keeps that reason in the combined file."""
+    import copy
+    import json
+
+    import growmem.continual.runner as runner
+
+    tune = _tune_module()
+
+    def fake(stream, methods, seeds, budget, *, method_settings=None, **kw):
+        settings = (method_settings or {}).get(methods[0], {})
+        acc = 0.5 + 0.01 * settings["epochs"] - settings["lr"]
+        return {"runs": [{"summary": {"acc_mean_over_experiences": acc, "bytes_in_use_peak": 1,
+                                      "within_budget": True, "wall_seconds": 0.0}}]}
+
+    monkeypatch.setattr(runner, "run_continual", fake)
+    (tmp_path / "a").mkdir()
+    doc = tune.main(["--preset", "cpu", "--out", str(tmp_path / "a"), "--streams", "permuted_mnist", "--methods",
+                     "cumulative", "--no-progress"])
+    fresh = doc["streams"]["permuted_mnist"]["cumulative"]
+    assert all(r["ran_at"] for r in fresh["results"])
+    stale = copy.deepcopy(doc)
+    for r in stale["streams"]["permuted_mnist"]["cumulative"]["results"]:
+        r.pop("ran_at")                                  # recorded before points said when they ran
+        r["accuracy"] = 0.99 if r["settings"]["epochs"] == 1 else 0.1
+    (tmp_path / "stale").mkdir()
+    (tmp_path / "stale" / "continual_tune.json").write_text(json.dumps(stale))
+    (tmp_path / "out").mkdir()
+    out = tune.main(["--preset", "cpu", "--out", str(tmp_path / "out"), "--combine",
+                     str(tmp_path / "a" / "continual_tune.json"), str(tmp_path / "stale" / "continual_tune.json")])
+    got = out["streams"]["permuted_mnist"]["cumulative"]
+    key = lambda r: json.dumps(r["settings"], sort_keys=True)     # noqa: E731
+    assert {key(r): r["accuracy"] for r in got["results"]} == {key(r): r["accuracy"] for r in fresh["results"]}
+    assert got["chosen"] == fresh["chosen"] and got["chosen"]["epochs"] == 27
+    assert "extension limit" in got["on_edge"]["epochs"]["reason"]
+
+
 def test_the_tuning_plot_draws_a_refused_point(tmp_path):
     tune = _tune_module()
     doc = {"streams": {"permuted_mnist": {"m": {"results": [_row(0.5, lr=0.1), _row(None, error="no", lr=1.0)],
