@@ -511,3 +511,21 @@ def test_rotated_experiences_hold_each_image_rotated_as_the_per_sample_transform
         assert torch.equal(out.targets, ds.targets) and len(out) == len(ds)
         if a not in (-180, 180):
             assert not torch.equal(out.data, ds.data)  # something did rotate
+
+
+def test_a_network_with_an_input_key_space_allocates_within_its_budget():
+    """A preset with ``[inputs]`` (DCT keys) keeps the key space's state (the DCT factor) beside its rows: the
+    rows it allocates leave room for it, so the bytes allocated, not only those in use, stay within the
+    budget."""
+    from growmem.continual.learner import GrowmemConfig
+
+    rs = np.random.RandomState(0)
+    for preset in ("readout_replay_dct_merge", "replay_dct"):
+        learner = GrowmemLearner(GrowmemConfig(preset=preset), num_classes=10, seed=0, budget_bytes=100_000)
+        for _ in range(3):
+            learner.step(rs.rand(16, 784).astype(np.float32), rs.randint(0, 10, 16))
+        b = learner.memory_bytes()
+        space = learner._space.nbytes()
+        assert space > 0 and b["bytes_allocated"] <= 100_000
+        other, per_row = learner._sizes
+        assert 100_000 - b["bytes_allocated"] < per_row          # and no more than a row's worth is left unused

@@ -287,10 +287,12 @@ class GrowmemLearner:
         The rows the budget holds, ``R = (budget - other state) // bytes per row``, are what the model's
         memories allocate, exactly (:meth:`growmem.train.Trainer.set_capacity` in ``_Networks.build``);
         ``max_rows = R - batch`` rows are kept so that a step's candidates fit in them too (``R`` when the
-        budget holds no more than one batch)."""
+        budget holds no more than one batch). The input key space's state comes off the budget first."""
         if self.budget_bytes is None:
             return self.preset
-        per_task = self.budget_bytes // self.n_tasks
+        # the input key space's state (a DCT factor) is counted once, beside the tasks' models (memory_bytes)
+        space = 0 if self._space is None else int(self._space.nbytes())
+        per_task = (self.budget_bytes - space) // self.n_tasks
         # the model's other state (parameters, optimizer, policy states) does not depend on max_rows: measure
         # it once on a model with the cap, with the per-row policy state (e.g. labels) a row adds
         other, state_per_row = self._other_bytes(with_row_cap(self.preset, 1, self.config.on_full), d_in)
