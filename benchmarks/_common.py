@@ -69,6 +69,22 @@ def time_interleaved(fns: Mapping[str, Callable[[], Any]], repeats: int, *, warm
     return out
 
 
+def stale_point(r, digest) -> bool:
+    """A tuning point run on another version of its method's preset file (recorded digest not ``digest``)."""
+    return r.get("preset_digest") is not None and r.get("preset_digest") != digest
+
+
+def newer_point(r, old, digest) -> bool:
+    """Whether tuning point ``r`` replaces ``old`` (the same settings) when tuning files combine: a point of the
+    method's preset file as it is now (``digest``) over one recorded before points named their preset's digest,
+    that over a stale one; then the later run (``ran_at``; a point without it is older than one with it); at a
+    tie the later file's. A copy of an old tuning file, combined after a grid was rerun, cannot bring the old
+    numbers back (benchmarks/continual_tune.py and continual_frontier.py's tuner)."""
+    def rank(p):
+        return (0 if stale_point(p, digest) else 2 if p.get("preset_digest") == digest else 1, p.get("ran_at") or "")
+    return rank(r) >= rank(old)
+
+
 def flat_settings(settings: dict) -> dict:
     """A continual method's settings as one flat dict: its top-level settings and its preset ``overrides``."""
     return {**{k: v for k, v in settings.items() if k != "overrides"}, **settings.get("overrides", {})}

@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import flat_settings  # noqa: E402
+from _common import flat_settings, newer_point, stale_point  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist")
@@ -436,27 +436,12 @@ def on_edge(points, best: int) -> list:
     return out
 
 
-def _stale(r, digest) -> bool:
-    """A point run on another version of its method's preset file (recorded digest not ``digest``)."""
-    return r.get("preset_digest") is not None and r.get("preset_digest") != digest
-
-
-def _newer(r, old, digest) -> bool:
-    """Whether point ``r`` replaces ``old`` (the same settings) when tuning files combine: a point of the preset
-    file as it is now over one recorded before points named their preset's digest, that over a stale one; then
-    the later run (``ran_at``; a point without it is older than one with it); at a tie the later file's. So a
-    copy of an old tuning file, combined after a grid was rerun, cannot bring the old numbers back."""
-    def rank(p):
-        return (0 if _stale(p, digest) else 2 if p.get("preset_digest") == digest else 1, p.get("ran_at") or "")
-    return rank(r) >= rank(old)
-
-
 def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=None) -> dict:
     """A method's grid at one stream and budget: its points, the best one within the budget (never a point run
     on another version of the preset, whose ``digest`` is given), whether that sits on the grid's edge (and the
     reason, where EDGE_REASONS gives one)."""
     ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]
-          and not (digest is not None and _stale(r, digest))]
+          and not (digest is not None and stale_point(r, digest))]
     best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
     edge = None if best is None else on_edge([r["settings"] for r in results], best)
     chosen = None if best is None else flat_settings(results[best]["settings"])
@@ -528,7 +513,7 @@ def tune(args, cfg, streams, seeds, budgets):
                     points = {}
                     for r in here.get(m, {}).get("results", []) + e["results"]:
                         k = json.dumps(r["settings"], sort_keys=True)
-                        if k not in points or _newer(r, points[k], digest):
+                        if k not in points or newer_point(r, points[k], digest):
                             points[k] = r
                     here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"], digest)
         invocations = invocations + other["invocations"]

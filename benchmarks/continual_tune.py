@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import flat_settings  # noqa: E402
+from _common import flat_settings, newer_point  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAMS = ("split_mnist", "permuted_mnist", "rotated_mnist", "drifting_teacher")
@@ -168,17 +168,6 @@ def _extended(entry) -> dict:
     return {(k, e["edge"]): int(e.get("extended", 0)) for k, e in (entry.get("on_edge") or {}).items()}
 
 
-def _newer(r, old, digest) -> bool:
-    """Whether point ``r`` replaces ``old`` (the same settings and stream options) when files combine: one run
-    on the method's preset file as it is now over one recorded before points named their digest, that over a
-    stale one; then the later run (``ran_at``); at a tie the later file's. A copy of an old tuning file
-    combined after a grid was rerun cannot bring the old numbers back (the frontier's tuner does the same)."""
-    def rank(p):
-        d = p.get("preset_digest")
-        return (0 if d is not None and d != digest else 2 if d == digest else 1, p.get("ran_at") or "")
-    return rank(r) >= rank(old)
-
-
 def next_points(method: str, results, chosen, extended: dict) -> list:
     """The settings to try next: for each numeric setting of ``chosen`` at an end of its values with no
     reason to stop there, the value beyond it (``extended`` counts the values added per (setting, end))."""
@@ -266,7 +255,7 @@ def main(argv=None):
                         points = {}
                         for r in old["results"] + entry["results"]:
                             k = (_key(r["settings"]), _key(r.get("stream_options", {})))
-                            if k not in points or _newer(r, points[k], digest):
+                            if k not in points or newer_point(r, points[k], digest):
                                 points[k] = r
                         for k, n in _extended(old).items():
                             extended[k] = max(n, extended.get(k, 0))
