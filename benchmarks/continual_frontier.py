@@ -466,7 +466,7 @@ def tune(args, cfg, streams, seeds, budgets):
     and whether it is on the grid's edge.
     With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
     run again: a grid extended past its edge runs only its new points. With ``--combine FILES`` nothing runs:
-    the points of tuning files made apart join the file in ``--out`` (a point tried in both: the later file's)
+    the points of tuning files made apart join the file in ``--out`` (a point tried in both: ``newer_point``'s)
     and each grid's choice is made again over all of them. A growmem point is read back only if it ran on the
     preset file as it is now (``preset_digest``: a changed preset reruns its grid)."""
     from growmem.continual.methods import preset_digest, resolve

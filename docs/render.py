@@ -324,8 +324,7 @@ def render_frontier_untuned(doc, tune) -> str:
               for b, ms in by_budget.items() for m, e in ms.items()}
     rows = {}
     for r in doc["runs"]:
-        c = chosen[(r["stream"], r["budget"], r["method"])] if (r["stream"], r["budget"], r["method"]) in chosen \
-            else None
+        c = chosen.get((r["stream"], r["budget"], r["method"]))      # a plain dict: None where not tuned
         if not c:
             continue
         if "overrides" in c:
