@@ -127,6 +127,19 @@ def pyplot():
 
 # --------------------------------------------------------------------------- mean ± std, and ties
 
+def progress_bar(total, desc: str, *, initial: int = 0, unit: str = "step", leave: bool = True,
+                 enabled: bool = True):
+    """growmem's one progress bar (rate and ETA): a tqdm bar on a terminal, or anywhere with
+    ``GROWMEM_PROGRESS=1`` — a log or a pipe gets the results, not bar frames; None where not ``enabled``.
+    ``total`` may be None (unknown yet: set ``bar.total`` later)."""
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    force = os.environ.get("GROWMEM_PROGRESS") == "1"
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, leave=leave,
+                file=sys.stderr, disable=False if force else None)
+
+
 def mean_std(values: Sequence[float]) -> Dict[str, Any]:
     """``{"mean", "std", "n", "values"}``: ``std`` is the sample standard deviation (ddof = 1; 0.0 for a
     single value, which ``n == 1`` marks as unmeasured)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import time
 from typing import Any, Callable, Dict, NamedTuple, Optional
 
@@ -727,13 +726,8 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
                     f"after it — check the data and the hyper-parameters (a NaN input, a too large learning rate, "
                     f"η or β)")
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        # on a terminal (or with GROWMEM_PROGRESS=1): a log or a pipe gets the results, not bar frames
-        force = os.environ.get("GROWMEM_PROGRESS") == "1"
-        bar = tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True,
-                   disable=False if force else None)
+    from growmem.reporting import progress_bar
+    bar = progress_bar(steps, desc, initial=start, enabled=progress)
     t0 = time.perf_counter()
     step, stopped = start, None
     try:

@@ -270,3 +270,36 @@ def test_state_is_saved_through_the_checkpointer_and_no_module_pickles_it():
     assert set(PICKLE_READERS) <= set(_modules())          # each named reader exists (not vacuous)
     page = (ROOT.parent / "docs" / "architecture.md").read_text()
     assert "## Saving a run's state" in page and all(f"`{m.split('.', 1)[1]}`" in page for m in PICKLE_READERS)
+
+
+def test_one_progress_bar_reporting_alone_imports_tqdm():
+    """One progress bar (rate and ETA, the ``GROWMEM_PROGRESS`` rule): ``growmem.reporting.progress_bar``. A
+    module building its own tqdm bar fails here."""
+    importers = set()
+    for name, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(m.split(".")[0] == "tqdm" for m in mods):
+                importers.add(name)
+    assert importers == {"growmem.reporting"}, importers   # the one bar is found (not vacuous), and no other
+
+
+def test_the_progress_bar_follows_the_terminal_rule(monkeypatch, capsys):
+    """Off where not enabled; on a pipe (pytest's captured stderr) silent unless GROWMEM_PROGRESS=1, which
+    shows it anywhere; it starts at ``initial`` and may learn its total later."""
+    from growmem.reporting import progress_bar
+
+    assert progress_bar(10, "x", enabled=False) is None
+    monkeypatch.delenv("GROWMEM_PROGRESS", raising=False)
+    bar = progress_bar(10, "quiet", initial=3)
+    assert bar.disable                        # stderr is not a terminal here
+    bar.close()
+    monkeypatch.setenv("GROWMEM_PROGRESS", "1")
+    bar = progress_bar(None, "shown", initial=3, unit="batch")
+    assert not bar.disable and bar.n == 3 and bar.total is None
+    bar.total = 5
+    bar.update(2)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "shown" in err and "5/5" in err and "quiet" not in err

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from growmem.errors import CheckpointError
+from growmem.reporting import progress_bar
 
 from .errors import ConfigError, require_avalanche, unknown
 
@@ -171,16 +171,6 @@ class _Progress(SupervisedPlugin):
             self.on_batch({"epoch": strategy.clock.train_exp_epochs, "batch": self._batch})
 
 
-def _bar(desc: str, total, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm import tqdm
-    # on a terminal (or with GROWMEM_PROGRESS=1), as growmem.train.fit: a log gets the results, not bar frames
-    force = os.environ.get("GROWMEM_PROGRESS") == "1"
-    return tqdm(total=total, initial=initial, desc=desc, unit="batch", dynamic_ncols=True, leave=False,
-                file=sys.stderr, disable=False if force else None)
-
-
 # ----------------------------------------------------------------------------- one run
 
 def _new_results() -> dict:
@@ -287,7 +277,8 @@ def _run_learner(stream: Stream, method: Method, cfg: GrowmemConfig, seed: int, 
         here = pos if (pos is not None and not pos["done"] and pos["exp"] == e) else None
         nb = -(-len(exp.dataset) // learner.batch_size)
         done = 0 if here is None else here["epoch"] * nb + here["batch"]
-        bar = _bar(f"{method.name} seed {seed} exp {e + 1}/{n_exp}", nb * n_epochs, done, progress)
+        bar = progress_bar(nb * n_epochs, f"{method.name} seed {seed} exp {e + 1}/{n_exp}", initial=done, unit="batch",
+                           leave=False, enabled=progress)
         since = [0]
 
         def after_batch(p, current_bytes, current_acc):
@@ -376,7 +367,8 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
 
     def train(e, unit):
         label = "all" if joint else f"{e + 1}/{n_exp}"
-        prog.bar = _bar(f"{method.name} seed {seed} exp {label}", None, 0, progress)
+        prog.bar = progress_bar(None, f"{method.name} seed {seed} exp {label}", unit="batch", leave=False,
+                                enabled=progress)
         if on_batch is not None:
             prog.on_batch = lambda p, e=e: on_batch({"method": method.name, "seed": seed, "experience": e, **p})
         torch.manual_seed(B.experience_seed(seed, 0 if joint else e))

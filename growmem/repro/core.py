@@ -15,13 +15,13 @@ import copy
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..errors import GrowmemError
+from ..reporting import progress_bar
 
 #: where ``growmem repro`` writes by default (relative to the working directory); the committed results are
 #: written with ``--out benchmarks/results/repro``
@@ -274,15 +274,6 @@ class SeededImages:
 
 # ------------------------------------------------------------------------------------------ running
 
-def progress_bar(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on a terminal, or anywhere with GROWMEM_PROGRESS=1 (a log or a pipe gets the
-    results, not bar frames) — growmem's convention (:func:`growmem.train.fit`)."""
-    from tqdm.auto import tqdm
-    force = os.environ.get("GROWMEM_PROGRESS") == "1"
-    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True,
-                disable=(not enabled) or (False if force else None))
-
-
 class Context:
     """What a running reproduction may use: its output folder, the data folder, the progress
     bar (``ctx.bar``, steps), ``ctx.note(text)`` for the JSON's notes and a resumable cache of
@@ -308,7 +299,7 @@ class Context:
             self._partial.unlink()
 
     def start(self, total: int, desc: Optional[str] = None):
-        self.bar = progress_bar(int(total), desc or f"repro {self.name} [{self.preset}]", self._progress)
+        self.bar = progress_bar(int(total), desc or f"repro {self.name} [{self.preset}]", enabled=self._progress)
         return self.bar
 
     def update(self, n: int = 1):
