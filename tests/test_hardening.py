@@ -481,6 +481,7 @@ def test_a_budget_and_a_temperature_are_refused_by_one_rule_at_every_entry_point
     same words, and the same sizes accepted as the same byte counts."""
     from growmem import config, keyspaces, nadaraya, order_free, units
     from growmem.backends.tiered import Tiered
+    from growmem.continual.learner import GrowmemLearner
     from growmem.errors import ConfigError
     from growmem.options import _size
 
@@ -490,6 +491,7 @@ def test_a_budget_and_a_temperature_are_refused_by_one_rule_at_every_entry_point
                                                         budget_bytes=b).budget_bytes,
         "NCM": lambda b: order_free.NCM(keyspaces.Identity(4), 2, budget_bytes=b).budget_bytes,
         "Tiered": lambda b: Tiered(tmp_path / "cold", ram_budget_bytes=b).ram_budget_bytes,
+        "GrowmemLearner": lambda b: GrowmemLearner(num_classes=2, budget_bytes=b).budget_bytes,
     }
     for name, make in budget.items():
         for bad in (0, -5, 1.5, "0MB", "12XB", True, float("nan"), float("inf"), [1]):

@@ -28,6 +28,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from growmem.units import byte_budget
+
 from .errors import ConfigError, InputShapeError, UnknownNameError
 from .methods import KEY_SETS
 
@@ -225,7 +227,7 @@ class GrowmemLearner:
         self.models = _Memories() if getattr(self.preset, "kind", None) in ("target", "order_free") else _Networks()
         if budget_bytes is None:
             budget_bytes = self.models.own_budget(self.preset)   # a memory preset's own budget, if it has one
-        self.budget_bytes = None if budget_bytes is None else int(budget_bytes)
+        self.budget_bytes = byte_budget(budget_bytes)   # the one rule (growmem.units): None, bytes or "15.7MB"
         self.n_tasks = max(1, int(n_tasks))
         self.seed = int(seed)
         #: the model of each task label, a learner (:class:`growmem.learner.Learner`): ``observe``, ``predict``,
