@@ -116,6 +116,40 @@ def test_training_accuracy_is_prequential():
     assert rec.last("Top1_Acc_Epoch/train_phase/train_stream/Task000") == pytest.approx(correct / 96, abs=1e-12)
 
 
+def test_a_plugin_may_change_the_batch_or_stop_the_epoch_inside_the_one_loop():
+    """The template's epoch runs through growmem.train.fit: the learner steps on the mini-batch as the
+    plugins left it (here: labels shifted in before_training_iteration), and a plugin's stop_training()
+    ends the epoch after the batch it was called in — the same rows as stepping a learner by hand."""
+    from avalanche.core import SupervisedPlugin
+
+    class Shift(SupervisedPlugin):
+        def before_training_iteration(self, strategy, **kw):
+            strategy.mbatch[1] = (strategy.mbatch[1] + 1) % strategy.learner.num_classes
+
+    class StopAfter(SupervisedPlugin):
+        def __init__(self, n):
+            super().__init__()
+            self.n, self.seen = n, 0
+
+        def after_training_iteration(self, strategy, **kw):
+            self.seen += 1
+            if self.seen == self.n:
+                strategy.stop_training()
+
+    st = _tiny_drift(n_experiences=1)
+    stop = StopAfter(2)
+    strategy = GrowmemStrategy(num_classes=st.n_classes, seed=0, train_mb_size=32, plugins=[Shift(), stop],
+                               evaluator=EvaluationPlugin(loggers=[]))
+    strategy.train(st.train_stream[0], shuffle=False)
+    ref = GrowmemLearner(num_classes=st.n_classes, seed=0)
+    (x, y), _ = [a[0] for a in DriftingTeacher(seed=3, n_experiences=1, samples_per_experience=96,
+                                              test_samples=64).arrays()]
+    for lo in (0, 32):          # two batches of three, their labels shifted
+        ref.step(x[lo:lo + 32], (y[lo:lo + 32] + 1) % st.n_classes)
+    assert stop.seen == 2 and sum(strategy.learner.rows_in_use().values()) == 16 + 64
+    np.testing.assert_array_equal(strategy.learner.predict(x), ref.predict(x))
+
+
 def test_accuracy_matrix_forgetting_and_bwt_on_a_hand_computed_example():
     a = [[0.9, 0.1, 0.0],
          [0.6, 0.8, 0.2],

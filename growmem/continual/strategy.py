@@ -179,15 +179,26 @@ class GrowmemStrategy(SupervisedTemplate):
         t = self.mb_task_id if len(self.mbatch) >= 3 else None
         return self.model(self.mb_x, t)
 
-    def _growmem_update(self):
-        t = self.mb_task_id.cpu().numpy() if len(self.mbatch) >= 3 else None
-        self.learner.step(self.mb_x.detach().cpu().numpy(), self.mb_y.cpu().numpy(), t)
-
     def training_epoch(self, **kwargs):
-        for self.mbatch in self.dataloader:
-            if self._stop_training:
-                break
+        """One epoch through :func:`growmem.train.fit`, the package's one loop: each batch runs the
+        template's callbacks around the learner's step (``fit``'s ``before_step`` / ``on_step``); a
+        plugin's ``stop_training()`` ends the epoch after the step it was called in."""
+        from types import SimpleNamespace
+
+        from growmem.train import fit
+
+        batches = iter(self.dataloader)
+
+        def batch(step):
+            self.mbatch = next(batches)
             self._unpack_minibatch()
+            return ()
+
+        def update():   # the mini-batch as the callbacks left it (a plugin may change it before the update)
+            t = self.mb_task_id.cpu().numpy() if len(self.mbatch) >= 3 else None
+            return self.learner.step(self.mb_x.detach().cpu().numpy(), self.mb_y.cpu().numpy(), t)
+
+        def before_step(step, batch):
             self._before_training_iteration(**kwargs)
             self.loss = self._make_empty_loss()
             self._before_forward(**kwargs)
@@ -198,10 +209,17 @@ class GrowmemStrategy(SupervisedTemplate):
             self._after_forward(**kwargs)
             self.loss += self.criterion()
             self._before_update(**kwargs)
-            self._growmem_update()
+
+        def on_step(step, metrics):
             self._after_update(**kwargs)
             self._after_training_iteration(**kwargs)
             if self._position is not None:
                 self._position["batch"] += 1
                 if self.checkpoint_hook is not None:
                     self.checkpoint_hook(self, dict(self._position))
+
+        if self._stop_training:
+            return
+        # the learner's step returns its task models' outputs, no "loss": fit watches none (as in FastLoop)
+        fit(SimpleNamespace(step=update), batch, steps=len(self.dataloader), before_step=before_step, on_step=on_step,
+            stop=lambda: self._stop_training, on_nonfinite="skip")
