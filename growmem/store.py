@@ -169,11 +169,7 @@ class Store:
         shards = None
         if isinstance(self.backend, Sharded):   # the placement rule, on the host: what the jitted append does
             shards = assign_shards(self.host_sizes, int(mask.sum()), self.backend.placement, self.next_shard)
-        mem, exact = self.backend.prepare(self.mem, int(mask.sum()), self._bound)
-        if exact is not None:
-            self._bound = exact
-        if mem is not self.mem:
-            self._bound = self.backend.fill(mem)
+        mem, self._bound = backends.make_room(self.mem, int(mask.sum()), self._bound)
         self.mem = _append(mem, *(self._input(a) for a in (w, k, v, born, mask)))
         self._bound += int(mask.sum())
         return shards

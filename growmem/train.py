@@ -488,15 +488,10 @@ class Trainer:
         syncs only when needed: growing the capacity, spilling to disk."""
         changed, old_caps = {}, {}
         for path, mem in self.memories().items():
-            be = backends.of(mem)
-            extra = batch * self._rows_per(path)
-            new, exact = be.prepare(mem, extra, self._bound[path], self.growth, limit=self._limit.get(path))
-            if exact is not None:
-                self._bound[path] = exact
+            new, self._bound[path] = backends.make_room(mem, batch * self._rows_per(path), self._bound[path],
+                                                        self.growth, limit=self._limit.get(path))
             if new is not mem:
-                changed[path] = new
-                old_caps[path] = mem.capacity
-                self._bound[path] = be.fill(new)
+                changed[path], old_caps[path] = new, mem.capacity
         if changed:
             self._install(changed, old_caps)
         if any(be.due_compaction() for be in set(self.backends.values())):

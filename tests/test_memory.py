@@ -136,6 +136,26 @@ def test_ensure_capacity_with_other_growth_factor_and_errors():
         memory.from_rows(np.ones(3), np.zeros((3, 2)), np.zeros((4, 1)))
 
 
+def test_make_room_is_the_drivers_one_step_and_reads_the_size_only_when_needed():
+    """backends.make_room (Trainer and Store): room for ``extra`` rows past the caller's bound on the rows in
+    use; the bound becomes the exact count only where the rows might not fit, or the grown memory's fill."""
+    from growmem import backends
+
+    def rows(n):
+        return memory.from_rows(np.ones(n), np.zeros((n, 2)), np.zeros((n, 1)))
+
+    full = rows(250)                                             # capacity 256
+    assert backends.make_room(full, 6, 250) == (full, 250)       # fits by the bound: no sync, no copy
+    grown, bound = backends.make_room(full, 10, 250)             # 260 > 256: max(260, 2 × 256)
+    assert grown.capacity == 512 and bound == 250 and int(grown.size) == 250
+    np.testing.assert_array_equal(grown.rows()["w"], full.rows()["w"])
+    assert backends.make_room(full, 10, 250, growth=1.5)[0].capacity == math.ceil(384 / QUANTUM) * QUANTUM
+    fewer = rows(200)                                            # a stale bound: the exact count is read
+    assert backends.make_room(fewer, 10, 250) == (fewer, 200)
+    # a capacity policy's max_rows: its evictions make the room, the capacity stops there
+    assert backends.make_room(full, 10, 250, limit=252) == (full, 250)
+
+
 # ---------------------------------------------------------------- compilation count
 
 

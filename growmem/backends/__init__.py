@@ -167,6 +167,21 @@ def of(mem) -> RAM:
     return DEFAULT if mem.backend is None else mem.backend
 
 
+def make_room(mem, extra: int, bound: int, growth: float = 2.0, limit: Optional[int] = None):
+    """``(mem, bound)``: the host drivers' one make-room step (:class:`~growmem.Trainer`,
+    :class:`~growmem.store.Store`) — ``mem``'s backend prepares room for ``extra`` rows (:meth:`RAM.prepare`:
+    grow the capacity geometrically by ``growth``, spill, never past ``limit``), and the caller's ``bound`` on
+    the rows in use (kept without a sync) becomes the exact count where one was read, or the new memory's
+    :meth:`RAM.fill`."""
+    be = of(mem)
+    new, exact = be.prepare(mem, extra, bound, growth, limit=limit)
+    if exact is not None:
+        bound = exact
+    if new is not mem:
+        bound = be.fill(new)
+    return new, bound
+
+
 def _temperature(mem):
     return mem.spec.temperature if mem.spec is not None else 1.0
 
