@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import numpy as np
 
 from growmem.errors import CheckpointError
-from growmem.reporting import progress_bar
+from growmem.reporting import _jsonable, progress_bar, write_json
 
 from .errors import ConfigError, require_avalanche, unknown
 
@@ -92,31 +92,13 @@ def _safe(name: str) -> str:
 
 # ----------------------------------------------------------------------------- checkpoints
 
-def _jsonable(x):
-    from growmem.reporting import _jsonable as j
-    return j(x)
-
-
-def _write_json(path: Path, doc):
-    from growmem.reporting import write_json
-    return write_json(path, doc)
-
-
-def _diff(saved, now, prefix="") -> List[str]:
-    if isinstance(saved, dict) and isinstance(now, dict):
-        out = []
-        for k in sorted(set(saved) | set(now)):
-            out += _diff(saved.get(k), now.get(k), f"{prefix}{k}.")
-        return out
-    return [] if saved == now else [f"{prefix.rstrip('.')}: saved {saved!r}, now {now!r}"]
-
-
 def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool, out=None):
     """``(root or None, folders)``: the checkpoint folder (its ``run.json`` checked against
     ``config`` on a resume, written on a new run) and :class:`growmem.locks.RunFolders` holding it
     and ``out`` for this run — a folder another command wrote, a resume with nothing to resume,
     or another run writing into either at the same time is refused; ``folders.close()`` releases
     them."""
+    from growmem.checkpoint.manager import diff
     from growmem.locks import RunFolders
 
     if checkpoint_dir is None and resume:
@@ -129,12 +111,12 @@ def _prepare_checkpoints(checkpoint_dir, config: dict, resume: bool, out=None):
     folders = RunFolders("continual", root, resume=resume, out=out)
     try:
         if run_file is not None and run_file.exists():
-            diffs = _diff(json.loads(run_file.read_text()).get("config", {}), _jsonable(config))
+            diffs = diff(json.loads(run_file.read_text()).get("config", {}), _jsonable(config))
             if diffs:
                 raise ConfigError(f"{root} holds a run with a different configuration; it cannot be resumed with "
                                   f"this one: " + "; ".join(diffs))
         elif run_file is not None:
-            _write_json(run_file, {"config": config})
+            write_json(run_file, {"config": config})
             folders.checkpoints.own(RUN_FILE)   # a run that fails before it saved anything leaves no run.json
     except BaseException:
         folders.close(failed=True)
@@ -535,7 +517,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
                                         sample_bytes=sample_bytes, final_only=final_only, **common)
                 res = _jsonable(res)
                 if run_dir is not None:
-                    _write_json(run_dir / RESULT_FILE, res)
+                    write_json(run_dir / RESULT_FILE, res)
                 runs.append(res)
                 if verbose:
                     s = res["summary"]
@@ -550,7 +532,7 @@ def run_continual(stream: Union[str, Any] = "drifting_teacher", methods: Optiona
         if out is not None:
             out = Path(out)
             doc["files"] = [str(out / f"{name}.json")] + [str(p) for p in plot(doc, out, name)]
-            _write_json(out / f"{name}.json", doc)
+            write_json(out / f"{name}.json", doc)
         failed = False
     finally:
         # released on every path: a failed call leaves its folders free for the next one at once
