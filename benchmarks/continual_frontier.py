@@ -149,9 +149,11 @@ def _policy_grid(key, values, below=()):
 
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
+    # β = 0.3, the grid's low end, won at 15.7 MB: from there on also 0.1
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": (0.125, 0.25, 0.5, 2.0, 4.0),
-                                                     "readout.beta": (0.3, 3.0)}),
+                                                     "readout.beta": (0.3, 3.0) + ((0.1,) if b >= 15_000_000
+                                                                                   else ())}),
     # then self-replay's rate at the chosen T and β (tuned at 1 MB so far)
     "net:readout_replay_dct_merge": lambda b, s: _cross(
         {"readout.temperature": 1.0, "readout.beta": 1.0},
