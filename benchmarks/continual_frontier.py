@@ -149,7 +149,7 @@ def _policy_grid(key, values, below=()):
 
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
-    # β = 0.3, the grid's low end, won at 15.7 MB: from there on also 0.1
+    # β = 0.3, the grid's low end, won at 15.7 MB: from there on also 0.1 (chosen, on the edge: EDGE_REASONS)
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": (0.125, 0.25, 0.5, 2.0, 4.0),
                                                      "readout.beta": (0.3, 3.0) + ((0.1,) if b >= 15_000_000
@@ -198,6 +198,9 @@ EDGE_REASONS = {
     "target:proj_merge": {"keys.dim": {
         300: "the gain has flattened (validation 0.9441, 0.9461, 0.9467 at 150, 200, 300 on Permuted-MNIST at "
              "15.7 MB, one seed), and a wider key holds fewer rows at the budget"}},
+    "net:readout_replay_dct": {"readout.beta": {
+        0.1: "the gain has flattened (validation 0.9747, 0.9777, 0.9786 at beta 1, 0.3, 0.1 on Split-MNIST at "
+             "15.7 MB, one seed)"}},
     "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": {
         1e-05: "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
                "this preset with hybrid growth off"}},
