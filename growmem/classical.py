@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .errors import ConfigError, NumericalError
+
 __all__ = [
     "KNN_METRICS", "KNN_WEIGHTINGS", "KNN_K_GRID", "KRR_GAMMA_MULT_GRID", "KRR_LAMBDA_GRID", "MEDIAN_SUBSAMPLE",
     "flatten_normalize", "sq_distances", "similarity", "knn_search", "knn_class_scores", "knn_predict", "knn_grid",
@@ -84,13 +86,13 @@ def similarity(a, b, metric: str = "euclidean"):
         return -sq_distances(a, b)
     if metric == "dot":
         return jnp.matmul(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32).T, precision=_HI)
-    raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
+    raise ConfigError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
 
 
 def _check_chunks(*chunks):
     for c in chunks:
         if int(c) <= 0:
-            raise ValueError(f"chunk sizes must be positive, got {c}")
+            raise ConfigError(f"chunk sizes must be positive, got {c}")
 
 
 def _pad_rows(x, multiple: int):
@@ -144,10 +146,10 @@ def knn_search(x_test, x_train, k: int, *, metric: str = "euclidean", test_chunk
     lower training index comes first. Memory: ``test_chunk × (train_chunk + k)`` scores.
     """
     if metric not in KNN_METRICS:
-        raise ValueError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
+        raise ConfigError(f"metric must be one of {KNN_METRICS}, got {metric!r}")
     n_train = x_train.shape[0]
     if not 1 <= int(k) <= n_train:
-        raise ValueError(f"k must be in [1, N_train={n_train}], got {k}")
+        raise ConfigError(f"k must be in [1, N_train={n_train}], got {k}")
     _check_chunks(test_chunk, train_chunk)
     chunk = min(int(train_chunk), n_train)
     train = _pad_rows(jnp.asarray(x_train, jnp.float32), chunk)
@@ -166,7 +168,7 @@ def _neighbour_weights(scores, metric: str, weighting: str):
     if weighting == "uniform":
         return jnp.ones_like(scores)
     if weighting != "proportional":
-        raise ValueError(f"weighting must be one of {KNN_WEIGHTINGS}, got {weighting!r}")
+        raise ConfigError(f"weighting must be one of {KNN_WEIGHTINGS}, got {weighting!r}")
     if metric == "euclidean":
         return 1.0 / (jnp.sqrt(jnp.maximum(-scores, 0.0)) + INV_DIST_EPS)
     return jax.nn.softmax(scores, axis=-1)
@@ -238,7 +240,7 @@ def median_heuristic(x, *, n_subsample: int = MEDIAN_SUBSAMPLE, key=None):
     x = jnp.asarray(x, jnp.float32)
     n = x.shape[0]
     if n < 2:
-        raise ValueError("the median heuristic needs at least 2 points")
+        raise ConfigError("the median heuristic needs at least 2 points")
     if n > n_subsample:
         key = jax.random.key(0) if key is None else key
         x = x[jax.random.choice(key, n, (int(n_subsample),), replace=False)]
@@ -316,26 +318,26 @@ def fit_kernel_ridge(x, y, *, gamma: float, lam: float, method: str = "exact", n
     x = jnp.asarray(x, jnp.float32)
     y = jnp.asarray(y, jnp.float32)
     if y.ndim != 2 or y.shape[0] != x.shape[0]:
-        raise ValueError(f"y must be (N, C) targets for x of shape {x.shape}, got {y.shape}")
+        raise ConfigError(f"y must be (N, C) targets for x of shape {x.shape}, got {y.shape}")
     if not lam > 0:
-        raise ValueError(f"ridge λ must be > 0, got {lam}")
+        raise ConfigError(f"ridge λ must be > 0, got {lam}")
     _check_chunks(chunk)
     n = x.shape[0]
     chunk = min(int(chunk), n)
     if method == "exact":
         if n > max_exact:
-            raise ValueError(f"exact kernel ridge with N={n} needs a {n}x{n} Gram matrix "
-                             f"({4 * n * n / 1e9:.1f} GB in float32), above max_exact={max_exact}; "
-                             f"use method='nystrom' (n_centres) or raise max_exact")
+            raise ConfigError(f"exact kernel ridge with N={n} needs a {n}x{n} Gram matrix "
+                              f"({4 * n * n / 1e9:.1f} GB in float32), above max_exact={max_exact}; "
+                              f"use method='nystrom' (n_centres) or raise max_exact")
         alpha = _exact_solve(_gram(x, jnp.float32(gamma), chunk=chunk), y, jnp.float32(lam))
         if not bool(jnp.all(jnp.isfinite(alpha))):
-            raise FloatingPointError(f"Cholesky of K + λI failed in float32 (λ={lam}, N={n}); use a larger λ")
+            raise NumericalError(f"Cholesky of K + λI failed in float32 (λ={lam}, N={n}); use a larger λ")
         return KernelRidge(x, alpha, float(gamma))
     if method != "nystrom":
-        raise ValueError(f"method must be 'exact' or 'nystrom', got {method!r}")
+        raise ConfigError(f"method must be 'exact' or 'nystrom', got {method!r}")
     m = min(int(n_centres), n)
     if m < 1:
-        raise ValueError(f"n_centres must be >= 1, got {n_centres}")
+        raise ConfigError(f"n_centres must be >= 1, got {n_centres}")
     if m < n:
         key = jax.random.key(0) if key is None else key
         centres = x[jax.random.choice(key, n, (m,), replace=False)]

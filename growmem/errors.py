@@ -15,8 +15,17 @@ class RunError(GrowmemError):
 
 
 class ConfigError(GrowmemError, ValueError):
-    """A configuration that cannot work: an invalid preset file (the message names the file, the key and
-    what is allowed), a budget too small for what it must hold."""
+    """A configuration or an argument that cannot work: an invalid preset file (the message names the file,
+    the key and what is allowed), a budget too small for what it must hold, arrays of the wrong shape, a value
+    out of its range. A ``ValueError`` too, so ``except ValueError`` still catches it."""
+
+
+class NumericalError(GrowmemError, FloatingPointError):
+    """A computation that came out non-finite: a factorisation that failed in float32, a diverged loss."""
+
+
+class WrongTypeError(GrowmemError, TypeError):
+    """An argument of the wrong kind of object (the message names what was expected); a ``TypeError`` too."""
 
 
 class CheckpointError(GrowmemError, RuntimeError):

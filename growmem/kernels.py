@@ -51,6 +51,8 @@ from jax import lax
 from growmem import native
 from growmem.units import check_temperature
 
+from .errors import ConfigError
+
 #: default upper bound on rows per chunk (small rows); see :func:`chunk_rows`
 DEFAULT_CHUNK = 8192
 #: target bytes of one chunk's key + value rows (4,096 rows of d = 784 at float32). Measured on a
@@ -266,7 +268,7 @@ def get(kernel) -> Kernel:
     try:
         return KERNELS[kernel]
     except KeyError:
-        raise ValueError(f"unknown kernel {kernel!r}; choose one of {tuple(KERNELS)}") from None
+        raise ConfigError(f"unknown kernel {kernel!r}; choose one of {tuple(KERNELS)}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,19 +453,19 @@ _reduce.defvjp(_reduce_fwd, _reduce_bwd)
 
 def _check(q, k, v, w=None, coeff=None, normalised=False):
     if q.ndim != 2:
-        raise ValueError(f"q must be (B, d_in), got shape {tuple(q.shape)}")
+        raise ConfigError(f"q must be (B, d_in), got shape {tuple(q.shape)}")
     if k.ndim != 2 or v.ndim != 2:
-        raise ValueError(f"k and v must be 2-D (N, d), got k{tuple(k.shape)} v{tuple(v.shape)}")
+        raise ConfigError(f"k and v must be 2-D (N, d), got k{tuple(k.shape)} v{tuple(v.shape)}")
     if k.shape[1] != q.shape[1]:
-        raise ValueError(f"key dimension {k.shape[1]} does not match query dimension {q.shape[1]}")
+        raise ConfigError(f"key dimension {k.shape[1]} does not match query dimension {q.shape[1]}")
     if v.shape[0] != k.shape[0]:
-        raise ValueError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
+        raise ConfigError(f"k has {k.shape[0]} rows but v has {v.shape[0]}")
     n = k.shape[0]
     if normalised and w is None:
-        raise ValueError("this kernel needs the row weights w")
+        raise ConfigError("this kernel needs the row weights w")
     for name, a in (("w", w), ("coeff", coeff)):
         if a is not None and tuple(a.shape) != (n,):
-            raise ValueError(f"{name} must have shape ({n},), got {tuple(a.shape)}")
+            raise ConfigError(f"{name} must have shape ({n},), got {tuple(a.shape)}")
 
 
 def _as_array(x):
@@ -485,7 +487,7 @@ def reduce(kernel, q, k, v, w=None, *, temperature=1.0, coeff=None, size=None, c
     if kern.uses_temperature and isinstance(temperature, (int, float, np.number)):   # a traced T is not checked
         check_temperature(temperature)
     if isinstance(size, (int, np.integer)) and size < 0:
-        raise ValueError(f"size (rows in use) must be >= 0, got {size}")
+        raise ConfigError(f"size (rows in use) must be >= 0, got {size}")
     q, k, v = (_as_array(a) for a in (q, k, v))
     w = _as_array(w) if (w is not None and kern.normalised) else None
     coeff = None if coeff is None else _as_array(coeff)

@@ -138,7 +138,7 @@ class Identity(_Single):
 
     def __init__(self, d: int, normalise: bool = True):
         if d < 1:
-            raise ValueError(f"key dimension must be >= 1, got {d}")
+            raise ConfigError(f"key dimension must be >= 1, got {d}")
         self.key_dim = self.input_dim = int(d)
         self.normalise = bool(normalise)
 
@@ -200,11 +200,11 @@ class Subspaces(KeySpace):
     def __init__(self, d: int, dim: int = 30, n_fit: int = 1000, rho: float = 0.6, *,
                  param_dtype: str = "float16", buffer_dtype: str = "float16", max_regimes: int = 64):
         if not 1 <= dim <= d:
-            raise ValueError(f"subspace dimension must be in [1, {d}], got {dim}")
+            raise ConfigError(f"subspace dimension must be in [1, {d}], got {dim}")
         if n_fit < dim:
-            raise ValueError(f"n_fit (inputs to fit a regime) must be >= dim = {dim}, got {n_fit}")
+            raise ConfigError(f"n_fit (inputs to fit a regime) must be >= dim = {dim}, got {n_fit}")
         if not 0.0 < rho < 1.0:
-            raise ValueError(f"rho (relative residual of a novel input) must be in (0, 1), got {rho}")
+            raise ConfigError(f"rho (relative residual of a novel input) must be in (0, 1), got {rho}")
         self.d, self.key_dim, self.n_fit, self.rho = int(d), int(dim), int(n_fit), float(rho)
         self.input_dim = self.d
         self.param_dtype, self.buffer_dtype = np.dtype(param_dtype), np.dtype(buffer_dtype)
@@ -328,7 +328,7 @@ class Projection(_Single):
 
     def __init__(self, d: int, dim: int = 100, seed: int = 0):
         if d < 1 or not 1 <= dim:
-            raise ValueError(f"a projection needs d >= 1 and dim >= 1, got d={d}, dim={dim}")
+            raise ConfigError(f"a projection needs d >= 1 and dim >= 1, got d={d}, dim={dim}")
         self.input_dim, self.key_dim, self.seed = int(d), int(dim), int(seed)
         r = np.random.default_rng(np.random.SeedSequence([int(seed), 0x70726F6A])).standard_normal((dim, d))
         self._r = jnp.asarray(r / np.sqrt(dim), jnp.float32)
@@ -353,7 +353,7 @@ KEY_SPACES = {"identity": Identity, "dct": DCT, "subspaces": Subspaces, "project
 def make(kind: str, d: int, **kw) -> KeySpace:
     """A key space by name for inputs of ``d`` features."""
     if kind not in KEY_SPACES:
-        raise ValueError(f"unknown key space {kind!r}; choose one of {sorted(KEY_SPACES)}")
+        raise ConfigError(f"unknown key space {kind!r}; choose one of {sorted(KEY_SPACES)}")
     if kind == "dct":
         side = int(round(math.sqrt(d)))
         if side * side != d:

@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from .errors import ConfigError, WrongTypeError
 from . import backends, kernels, memory as memlib, policies, rules
 from .units import MIN_TEMPERATURE, check_temperature  # noqa: F401  (MIN_TEMPERATURE: re-exported)
 
@@ -65,38 +66,38 @@ class GrowingSpec:
     def __post_init__(self):
         kern = kernels.get(self.kernel)
         if self.rule not in kern.rules:
-            raise ValueError(f"rule {self.rule!r} does not fit kernel {self.kernel!r}; use one of {kern.rules}")
+            raise ConfigError(f"rule {self.rule!r} does not fit kernel {self.kernel!r}; use one of {kern.rules}")
         allowed = rules.RULE_HYPER[self.rule]
         unknown = {k for k, _ in self.hyper} - allowed
         if unknown:
-            raise ValueError(f"rule {self.rule!r} takes hyperparameters {sorted(allowed)}, got {sorted(unknown)}")
+            raise ConfigError(f"rule {self.rule!r} takes hyperparameters {sorted(allowed)}, got {sorted(unknown)}")
         missing = rules.RULE_REQUIRED[self.rule] - {k for k, _ in self.hyper}
         if missing:
-            raise ValueError(f"rule {self.rule!r} needs the hyperparameters {sorted(missing)} (e.g. eta = 0.003, "
-                             f"beta = 3.0 for the weighted softmax, App. G.2)")
+            raise ConfigError(f"rule {self.rule!r} needs the hyperparameters {sorted(missing)} (e.g. eta = 0.003, "
+                              f"beta = 3.0 for the weighted softmax, App. G.2)")
         for k, v in self.hyper:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"rule hyperparameter {k} must be a finite number, got {v!r}")
+                raise ConfigError(f"rule hyperparameter {k} must be a finite number, got {v!r}")
         if self.grad_unit not in GRAD_UNITS:
-            raise ValueError(f"grad_unit must be one of {GRAD_UNITS}, got {self.grad_unit!r}")
+            raise ConfigError(f"grad_unit must be one of {GRAD_UNITS}, got {self.grad_unit!r}")
         if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+            raise ConfigError(f"init must be one of {INITS}, got {self.init!r}")
         if self.init != "empty" and self.init_rows <= 0:
-            raise ValueError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
+            raise ConfigError(f"init={self.init!r} needs init_rows > 0 (the paper uses the batch size)")
         if kern.uses_temperature:
             check_temperature(self.temperature)
         if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum μ must be in [0, 1), got {self.momentum}")
+            raise ConfigError(f"momentum μ must be in [0, 1), got {self.momentum}")
         if self.chunk <= 0:
-            raise ValueError(f"chunk must be positive, got {self.chunk}")
+            raise ConfigError(f"chunk must be positive, got {self.chunk}")
         memlib.row_dtype(self.row_dtype)
 
     @classmethod
     def make(cls, kernel="weighted_softmax", rule=None, **kw) -> "GrowingSpec":
         """Build a spec; rule hyperparameters (eta, beta, alpha, clip, eps) go in as keywords."""
         if "policy" in kw or "hybrid" in kw:
-            raise TypeError("a GrowingSpec no longer holds a policy: pass it to the trainer, "
-                            "Trainer(model, policy=...) (hybrid rows: policies.hybrid(tx) in the chain)")
+            raise WrongTypeError("a GrowingSpec no longer holds a policy: pass it to the trainer, "
+                                 "Trainer(model, policy=...) (hybrid rows: policies.hybrid(tx) in the chain)")
         rule = rule or kernels.get(kernel).rules[0]
         hyper = {k: kw.pop(k) for k in list(kw) if k in rules.RULE_HYPER.get(rule, ())}
         return cls(kernel=kernel, rule=rule, hyper=tuple(sorted(hyper.items())), **kw)
@@ -162,13 +163,13 @@ class GrowingLayer(nn.Module):
     @nn.compact
     def __call__(self, q):
         if q.ndim != 2:
-            raise ValueError(f"{self.name}: expected q of shape (B, d_in), got {q.shape}")
+            raise ConfigError(f"{self.name}: expected q of shape (B, d_in), got {q.shape}")
         d_in = q.shape[-1]
         mem_var = self.variable("memory", "rows", lambda: init_memory(
             self.spec, d_in, self.d_out, self.capacity, self.make_rng("params")))
         mem = mem_var.value
         if mem.d_in != d_in:
-            raise ValueError(f"{self.name}: memory keys have d_in={mem.d_in} but the query has {d_in}")
+            raise ConfigError(f"{self.name}: memory keys have d_in={mem.d_in} but the query has {d_in}")
         s = retrieve(mem, q)
         if kernels.get(self.spec.kernel).base_weight:
             w0 = self.variable("frozen", "W0", lambda: nn.initializers.lecun_normal()(
@@ -210,7 +211,7 @@ class ResidualGrowingNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         if self.n_blocks < 0:
-            raise ValueError(f"n_blocks must be >= 0, got {self.n_blocks}")
+            raise ConfigError(f"n_blocks must be >= 0, got {self.n_blocks}")
         norm = rms_norm if self.normalize else (lambda e: e)
         if self.replay_memory:      # rows of the inputs, for rehearsal only: its output reaches no loss
             GrowingLayer(self.block or self.readout, 1, self.capacity, name="replay")(norm(x))
@@ -247,7 +248,7 @@ class ResidualMLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+            raise ConfigError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         act = ACTIVATIONS[self.activation]
         norm = (lambda: ScaledRMSNorm()) if self.normalize else (lambda: (lambda e: e))
         e = x
@@ -320,12 +321,12 @@ class ViT(nn.Module):
         h, w, c = (int(v) for v in self.image_shape)
         p = self.patch
         if x.ndim != 2 or x.shape[-1] != h * w * c:
-            raise ValueError(f"ViT: expected flattened images of shape (B, {h * w * c}) for image_shape "
-                             f"{tuple(self.image_shape)}, got {x.shape}")
+            raise ConfigError(f"ViT: expected flattened images of shape (B, {h * w * c}) for image_shape "
+                              f"{tuple(self.image_shape)}, got {x.shape}")
         if h % p or w % p:
-            raise ValueError(f"ViT: patch {p} does not tile a {h}x{w} image; pick a divisor of both")
+            raise ConfigError(f"ViT: patch {p} does not tile a {h}x{w} image; pick a divisor of both")
         if self.d_e % self.heads:
-            raise ValueError(f"ViT: d_e = {self.d_e} is not divisible by heads = {self.heads}")
+            raise ConfigError(f"ViT: d_e = {self.d_e} is not divisible by heads = {self.heads}")
         b = x.shape[0]
         img = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
         tok = nn.Dense(self.d_e, name="patch_embed")(img.reshape(b, (h // p) * (w // p), p * p * c))

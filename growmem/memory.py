@@ -37,6 +37,8 @@ import numpy as np
 from flax import struct
 from jax import lax
 
+from .errors import ConfigError
+
 #: rows are always allocated in multiples of this many (and chunked by it)
 ROW_QUANTUM = 256
 #: ``born`` of rows that belong to the initial database D0: never momentum-scaled
@@ -132,7 +134,7 @@ def row_dtype(name) -> jnp.dtype:
     """The jnp dtype of a row-dtype name (``"float32"``, ``"bfloat16"``)."""
     name = getattr(name, "name", name)
     if str(name) not in ROW_DTYPES:
-        raise ValueError(f"row dtype must be one of {ROW_DTYPES}, got {name!r}")
+        raise ConfigError(f"row dtype must be one of {ROW_DTYPES}, got {name!r}")
     return jnp.dtype(str(name))
 
 
@@ -143,7 +145,7 @@ def empty(d_in: int, d_out: int, capacity: int = ROW_QUANTUM, *, dtype=jnp.float
     ``dtype`` is the dtype of ``w``; ``row_dtype`` (default ``dtype``) that of ``k`` and ``v``.
     """
     if d_in <= 0 or d_out <= 0:
-        raise ValueError(f"memory dimensions must be positive, got d_in={d_in}, d_out={d_out}")
+        raise ConfigError(f"memory dimensions must be positive, got d_in={d_in}, d_out={d_out}")
     c = round_capacity(capacity)
     rd = dtype if row_dtype is None else row_dtype
     return Memory(
@@ -164,7 +166,7 @@ def from_rows(w, k, v, born=None, *, capacity: Optional[int] = None, spec=None, 
     w = jnp.asarray(w, jnp.float32 if k.dtype == jnp.bfloat16 else k.dtype)
     n = k.shape[0]
     if k.ndim != 2 or v.ndim != 2 or w.shape != (n,) or v.shape[0] != n:
-        raise ValueError(
+        raise ConfigError(
             f"rows must be w:(N,), k:(N,d_in), v:(N,d_out) with one N; got w{tuple(w.shape)}, "
             f"k{tuple(k.shape)}, v{tuple(v.shape)}")
     born = jnp.full((n,), BORN_INITIAL, jnp.int32) if born is None else jnp.asarray(born, jnp.int32)
@@ -188,7 +190,7 @@ def with_capacity(mem: Memory, capacity: int, quantum: int = ROW_QUANTUM) -> Mem
     never truncates rows in use)."""
     c = round_capacity(capacity, quantum)
     if c < int(mem.size):
-        raise ValueError(f"cannot shrink a memory of {int(mem.size)} rows to capacity {c}")
+        raise ConfigError(f"cannot shrink a memory of {int(mem.size)} rows to capacity {c}")
     if c == mem.capacity:
         return mem
     return mem.replace(**{f: pad_rows_to(getattr(mem, f), c) for f in FIELDS})
@@ -200,7 +202,7 @@ def ensure_capacity(mem: Memory, extra: int, *, growth: float = 2.0) -> Memory:
     Syncs ``size`` with the device only when the rows might not fit.
     """
     if growth <= 1.0:
-        raise ValueError(f"growth factor must be > 1, got {growth}")
+        raise ConfigError(f"growth factor must be > 1, got {growth}")
     need = int(mem.size) + int(extra)
     if need <= mem.capacity:
         return mem

@@ -206,14 +206,14 @@ def class_ids(y, n: int, n_classes: int) -> np.ndarray:
     naming the bad label."""
     y = np.asarray(y).reshape(-1)
     if len(y) != n:
-        raise ValueError(f"got {len(y)} labels for {n} inputs")
+        raise ConfigError(f"got {len(y)} labels for {n} inputs")
     if not np.issubdtype(y.dtype, np.integer):
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise ValueError("class labels must be integers")
+            raise ConfigError("class labels must be integers")
     y = y.astype(np.int64)
     if len(y) and (y.min() < 0 or y.max() >= n_classes):
-        raise ValueError(f"label {int(y.min() if y.min() < 0 else y.max())} is outside the memory's "
-                         f"{n_classes} classes")
+        raise ConfigError(f"label {int(y.min() if y.min() < 0 else y.max())} is outside the memory's "
+                          f"{n_classes} classes")
     return y
 
 
@@ -281,11 +281,11 @@ class TargetMemory:
                  classify: bool = True, seed: int = 0, chunk: int = kernels.DEFAULT_CHUNK):
         temperature = check_temperature(temperature)
         if not (math.isfinite(lr) and lr >= 0) or not (math.isfinite(clip) and clip > 0):
-            raise ValueError(f"lr must be finite and >= 0 and clip finite and > 0, got lr={lr}, clip={clip}")
+            raise ConfigError(f"lr must be finite and >= 0 and clip finite and > 0, got lr={lr}, clip={clip}")
         if evict not in EVICTIONS:
-            raise ValueError(f"unknown eviction {evict!r}; choose one of {EVICTIONS}")
+            raise ConfigError(f"unknown eviction {evict!r}; choose one of {EVICTIONS}")
         if d_out < 1:
-            raise ValueError(f"d_out must be >= 1, got {d_out}")
+            raise ConfigError(f"d_out must be >= 1, got {d_out}")
         budget_bytes = byte_budget(budget_bytes)
         self.keys = keys
         self.d_out = int(d_out)
@@ -352,8 +352,8 @@ class TargetMemory:
         x = np.asarray(x, np.float32)
         d = self.keys.input_dim
         if x.ndim != 2 or (d is not None and x.shape[1] != d):
-            raise ValueError(f"inputs have shape {tuple(x.shape)}; the {self.keys.name} key space takes (B, "
-                             f"{d if d is not None else 'features'}) inputs")
+            raise ConfigError(f"inputs have shape {tuple(x.shape)}; the {self.keys.name} key space takes (B, "
+                              f"{d if d is not None else 'features'}) inputs")
         return x
 
     def _targets(self, y, n: int) -> np.ndarray:
@@ -362,7 +362,7 @@ class TargetMemory:
             return np.eye(self.d_out, dtype=np.float32)[class_ids(y, n, self.d_out)]
         y = np.asarray(y, np.float32).reshape(n, -1)
         if y.shape[1] != self.d_out:
-            raise ValueError(f"targets have {y.shape[1]} values per sample, the memory holds {self.d_out}")
+            raise ConfigError(f"targets have {y.shape[1]} values per sample, the memory holds {self.d_out}")
         return y
 
     def _kparams(self):

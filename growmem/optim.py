@@ -44,6 +44,8 @@ import jax.numpy as jnp
 import optax
 import optax.contrib
 
+from .errors import ConfigError
+
 __all__ = [
     "MesaState", "DeltaState", "newton_schulz_inverse", "scale_by_mesa", "mesa", "delta",
     "make", "OPTIMIZERS", "dense_inputs", "make_train_step", "dense_kernel_paths",
@@ -87,8 +89,8 @@ def dense_kernel_paths(params) -> Dict[str, LayerPath]:
 
 def _normalise_inputs(layer_inputs, who: str) -> Dict[str, jax.Array]:
     if layer_inputs is None:
-        raise ValueError(f"{who} needs layer_inputs={{dense module path: (B, d_in) inputs}} in update(); "
-                         f"collect them with growmem.optim.dense_inputs (or use make_train_step)")
+        raise ConfigError(f"{who} needs layer_inputs={{dense module path: (B, d_in) inputs}} in update(); "
+                          f"collect them with growmem.optim.dense_inputs (or use make_train_step)")
     out = {}
     for key, x in layer_inputs.items():
         name = key if isinstance(key, str) else "/".join(key)
@@ -99,11 +101,11 @@ def _normalise_inputs(layer_inputs, who: str) -> Dict[str, jax.Array]:
 
 def _inputs_for(inputs: Mapping[str, jax.Array], name: str, d_in: int, who: str) -> jax.Array:
     if name not in inputs:
-        raise ValueError(f"{who}: no layer_inputs for Dense layer {name!r} (have {sorted(inputs)}); "
-                         f"pass the (B, d_in) inputs of every Dense layer")
+        raise ConfigError(f"{who}: no layer_inputs for Dense layer {name!r} (have {sorted(inputs)}); "
+                          f"pass the (B, d_in) inputs of every Dense layer")
     x = inputs[name]
     if x.shape[-1] != d_in:
-        raise ValueError(f"{who}: inputs of {name!r} have d_in={x.shape[-1]}, its kernel expects {d_in}")
+        raise ConfigError(f"{who}: inputs of {name!r} have d_in={x.shape[-1]}, its kernel expects {d_in}")
     return x
 
 
@@ -188,15 +190,15 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
     ``update(updates, state, params=None, *, layer_inputs)`` (see the module docstring).
     """
     if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        raise ConfigError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if inverse not in INVERSES:
-        raise ValueError(f"inverse must be one of {INVERSES}, got {inverse!r}")
+        raise ConfigError(f"inverse must be one of {INVERSES}, got {inverse!r}")
     if not lam > 0:
-        raise ValueError(f"Mesa needs λ > 0 (the regulariser keeps M invertible), got {lam}")
+        raise ConfigError(f"Mesa needs λ > 0 (the regulariser keeps M invertible), got {lam}")
     if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"Mesa forgetting factor γ must be in [0, 1], got {gamma}")
+        raise ConfigError(f"Mesa forgetting factor γ must be in [0, 1], got {gamma}")
     if inverse == "newton_schulz" and int(ns_steps) < 0:
-        raise ValueError(f"ns_steps must be >= 0, got {ns_steps}")
+        raise ConfigError(f"ns_steps must be >= 0, got {ns_steps}")
 
     def init_fn(params):
         stats = {}
@@ -239,7 +241,7 @@ def scale_by_mesa(lam: float = 0.01, gamma: float = 0.99, *, variant: str = "cum
         treedef, leaves, new = _map_kernels(precondition, updates)
         missing = set(state.stats) - {n for n in dense_kernel_paths(updates)}
         if missing:
-            raise ValueError(f"Mesa: updates lack the Dense kernels {sorted(missing)} it was initialised with")
+            raise ConfigError(f"Mesa: updates lack the Dense kernels {sorted(missing)} it was initialised with")
         out = [u if n is None else n for u, n in zip(leaves, new)]
         return (jax.tree_util.tree_unflatten(treedef, out),
                 MesaState(state.count + 1, gamma_acc, stats))
@@ -260,7 +262,7 @@ def mesa(learning_rate, *, lam: float = 0.01, gamma: float = 0.99, variant: str 
     their raw gradient. See :func:`scale_by_mesa` for λ, γ, ``variant``, ``inverse``.
     """
     if base not in BASES:
-        raise ValueError(f"mesa base must be one of {BASES}, got {base!r}")
+        raise ConfigError(f"mesa base must be one of {BASES}, got {base!r}")
     if base == "sgd":
         tail = optax.sgd(learning_rate, momentum=momentum or None)
     else:
@@ -294,7 +296,7 @@ def delta(learning_rate, *, lam: float = 0.0) -> optax.GradientTransformationExt
     ``update(updates, state, params, *, layer_inputs)`` — ``params`` are required.
     """
     if lam < 0:
-        raise ValueError(f"Delta decay rate λ must be >= 0, got {lam}")
+        raise ConfigError(f"Delta decay rate λ must be >= 0, got {lam}")
     lr = learning_rate if callable(learning_rate) else (lambda _: learning_rate)
 
     def init_fn(params):
@@ -304,7 +306,7 @@ def delta(learning_rate, *, lam: float = 0.0) -> optax.GradientTransformationExt
     def update_fn(updates, state, params=None, *, layer_inputs=None, **extra):
         del extra
         if params is None:
-            raise ValueError("delta needs params in update() (the decay acts on the weights)")
+            raise ConfigError("delta needs params in update() (the decay acts on the weights)")
         inputs = _normalise_inputs(layer_inputs, "Delta") if lam else {}
         eta = lr(state.count)
 
@@ -344,14 +346,14 @@ def make(name: str, **hyper) -> optax.GradientTransformationExtraArgs:
     (Mesa and Delta need it, the others ignore it). Unknown names or hyperparameters raise
     ``ValueError`` naming the allowed ones."""
     if name not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
     builder = OPTIMIZERS[name]
     allowed = set(inspect.signature(builder).parameters)
     unknown = set(hyper) - allowed
     if unknown:
-        raise ValueError(f"optimizer {name!r} takes hyperparameters {sorted(allowed)}, got unknown {sorted(unknown)}")
+        raise ConfigError(f"optimizer {name!r} takes hyperparameters {sorted(allowed)}, got unknown {sorted(unknown)}")
     if "learning_rate" not in hyper:
-        raise ValueError(f"optimizer {name!r} needs learning_rate")
+        raise ConfigError(f"optimizer {name!r} needs learning_rate")
     return optax.with_extra_args_support(builder(**hyper))
 
 

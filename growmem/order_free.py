@@ -84,7 +84,7 @@ _COUNTS = ("seen", "stored", "evicted", "dropped")
 
 def _storage_dtype(name: str) -> np.dtype:
     if name not in ROW_DTYPES:
-        raise ValueError(f"row_dtype must be one of {ROW_DTYPES}, got {name!r}")
+        raise ConfigError(f"row_dtype must be one of {ROW_DTYPES}, got {name!r}")
     if name == "bfloat16":
         import ml_dtypes
         return np.dtype(ml_dtypes.bfloat16)
@@ -110,13 +110,13 @@ class _OrderFree:
 
     def __init__(self, keys: KeySpace, d_out: int, *, budget_bytes: Optional[int] = None, seed: int = 0):
         if not isinstance(keys, KeySpace):
-            raise ValueError(f"keys must be a growmem.keyspaces.KeySpace (keyspaces.make(kind, d, ...)), got "
-                             f"{type(keys).__name__}")
+            raise ConfigError(f"keys must be a growmem.keyspaces.KeySpace (keyspaces.make(kind, d, ...)), got "
+                              f"{type(keys).__name__}")
         if keys.n_regimes != 1 or type(keys).route is not KeySpace.route:
             raise ConfigError(f"{type(self).__name__} needs a fixed key space with one regime (identity, dct); "
                               f"{keys.name} opens regimes as it goes")
         if int(d_out) < 1:
-            raise ValueError(f"d_out must be >= 1, got {d_out}")
+            raise ConfigError(f"d_out must be >= 1, got {d_out}")
         budget_bytes = byte_budget(budget_bytes)
         self.keys = keys
         self.d_out = int(d_out)
@@ -129,7 +129,7 @@ class _OrderFree:
     def _inputs(x) -> np.ndarray:
         x = np.asarray(x, np.float32)
         if x.ndim != 2:
-            raise ValueError(f"inputs must be (B, features), got shape {x.shape}")
+            raise ConfigError(f"inputs must be (B, features), got shape {x.shape}")
         return x
 
     def _keys(self, x) -> Tuple[np.ndarray, np.ndarray]:
@@ -253,11 +253,11 @@ class KNN(_OrderFree):
                  budget_bytes: Optional[int] = None, seed: int = 0, chunk: int = DEFAULT_CHUNK):
         super().__init__(keys, d_out, budget_bytes=budget_bytes, seed=seed)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k (neighbours that vote) must be an integer >= 1, got {k!r}")
+            raise ConfigError(f"k (neighbours that vote) must be an integer >= 1, got {k!r}")
         if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+            raise ConfigError(f"metric must be one of {METRICS}, got {metric!r}")
         if int(chunk) < 1:
-            raise ValueError(f"chunk (stored rows per distance block) must be >= 1, got {chunk}")
+            raise ConfigError(f"chunk (stored rows per distance block) must be >= 1, got {chunk}")
         self.k, self.metric, self.chunk = int(k), metric, int(chunk)
         self.row_dtype = str(row_dtype)
         self.key_dtype = _storage_dtype(self.row_dtype)
@@ -275,8 +275,8 @@ class KNN(_OrderFree):
                                   f"(0.1307, 0.3081); unnormalised ToTensor inputs: (0.0, 1.0)), got {normalize!r}")
             self.normalize = (float(normalize[0]), float(normalize[1]))
         elif normalize is not None:
-            raise ValueError(f"normalize is the pixel normalisation of row_dtype='uint8' keys; drop it for "
-                             f"row_dtype={self.row_dtype!r}")
+            raise ConfigError(f"normalize is the pixel normalisation of row_dtype='uint8' keys; drop it for "
+                              f"row_dtype={self.row_dtype!r}")
         self._k = np.zeros((0, keys.key_dim), self.key_dtype)
         self._y = np.zeros(0, self.label_dtype)
         self.size = 0
@@ -318,10 +318,10 @@ class KNN(_OrderFree):
         bad = (off > UINT8_TOLERANCE) | (q < 0) | (q > 255)
         if bad.any():
             i = tuple(np.argwhere(bad)[0])
-            raise ValueError(f"input value {float(z[i]):.6g} is pixel level {float(p[i]):.4f} under normalize="
-                             f"{self.normalize}, not an 8-bit level 0..255 (within {UINT8_TOLERANCE}): pass the "
-                             f"stream's normalize=(mean, std), or use row_dtype='bfloat16' for inputs that are "
-                             f"not 8-bit images")
+            raise ConfigError(f"input value {float(z[i]):.6g} is pixel level {float(p[i]):.4f} under normalize="
+                              f"{self.normalize}, not an 8-bit level 0..255 (within {UINT8_TOLERANCE}): pass the "
+                              f"stream's normalize=(mean, std), or use row_dtype='bfloat16' for inputs that are "
+                              f"not 8-bit images")
         return q.astype(np.uint8)
 
     def _decode(self, rows: np.ndarray) -> np.ndarray:
@@ -418,16 +418,16 @@ class KNN(_OrderFree):
         k = _as(st["rows_k"], self.key_dtype).reshape(-1, self.keys.key_dim)
         y = _as(st["rows_y"], self.label_dtype).reshape(-1)
         if len(k) != len(y) or (self.max_rows is not None and len(k) > self.max_rows):
-            raise ValueError(f"a kNN state of {len(k)} keys and {len(y)} labels does not fit this model "
-                             f"(at most {self.max_rows} rows under its budget)")
+            raise ConfigError(f"a kNN state of {len(k)} keys and {len(y)} labels does not fit this model "
+                              f"(at most {self.max_rows} rows under its budget)")
         self._k, self._y, self.size = np.zeros((0, k.shape[1]), self.key_dtype), np.zeros(0, self.label_dtype), 0
         self._reserve(len(k))
         self._k[:len(k)], self._y[:len(k)] = k, y
         self.size = len(k)
         if self.slots is not None:
             if "slots_counts" not in st:
-                raise ValueError("this kNN state was saved before kNN kept a class-balanced reservoir (it has no "
-                                 "reservoir counts): start the run afresh")
+                raise ConfigError("this kNN state was saved before kNN kept a class-balanced reservoir (it has no "
+                                  "reservoir counts): start the run afresh")
             self.slots.load_state(st, y)
 
     def describe(self):
@@ -489,8 +489,8 @@ class _ClassMeans(_OrderFree):
         means = np.asarray(st["means"], np.float32)
         counts = np.asarray(st["class_counts"], np.int64)
         if means.shape != self.means.shape or counts.shape != self.class_counts.shape:
-            raise ValueError(f"a state of means {means.shape} and counts {counts.shape} does not fit this "
-                             f"{type(self).__name__} of {self.means.shape}")
+            raise ConfigError(f"a state of means {means.shape} and counts {counts.shape} does not fit this "
+                              f"{type(self).__name__} of {self.means.shape}")
         self.means, self.class_counts = means.copy(), counts.copy()
 
 
@@ -519,7 +519,7 @@ class SLDA(_ClassMeans):
                  seed: int = 0):
         if isinstance(shrinkage, bool) or not isinstance(shrinkage, (int, float, np.floating)) \
                 or not (math.isfinite(shrinkage) and 0.0 < shrinkage <= 1.0):
-            raise ValueError(f"shrinkage (ε of Λ = ((1-ε)Σ + εI)^-1) must be a number in (0, 1], got {shrinkage!r}")
+            raise ConfigError(f"shrinkage (ε of Λ = ((1-ε)Σ + εI)^-1) must be a number in (0, 1], got {shrinkage!r}")
         self.shrinkage = float(shrinkage)
         super().__init__(keys, d_out, budget_bytes=budget_bytes, seed=seed)
 
@@ -563,7 +563,7 @@ class SLDA(_ClassMeans):
     def _load_arrays(self, st):
         cov = np.asarray(st["cov"], np.float32)
         if cov.shape != self.cov.shape:
-            raise ValueError(f"a covariance of shape {cov.shape} does not fit this SLDA of {self.cov.shape}")
+            raise ConfigError(f"a covariance of shape {cov.shape} does not fit this SLDA of {self.cov.shape}")
         super()._load_arrays(st)
         self.cov, self._cache = cov.copy(), None
 

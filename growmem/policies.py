@@ -77,6 +77,7 @@ import optax
 from flax import struct
 from jax import lax
 
+from .errors import ConfigError, WrongTypeError
 from . import backends, kernels
 from . import memory as memlib
 from .rules import Rows as _Rows
@@ -157,11 +158,11 @@ def policy(name: str = "custom", *, init: Optional[Callable] = None, admit: Opti
     """Build a :class:`Policy`; the stages you leave out do nothing (state ``()``). ``enter(g, state)``:
     the per-row state of the admitted candidates (see :class:`Policy`; default zeros)."""
     if not 0.0 < retention <= 1.0:
-        raise ValueError(f"retention must be in (0, 1], got {retention}")
+        raise ConfigError(f"retention must be in (0, 1], got {retention}")
     if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum μ must be in [0, 1), got {momentum}")
+        raise ConfigError(f"momentum μ must be in [0, 1), got {momentum}")
     if trains_rows and update is None:
-        raise ValueError(f"policy {name}: trains_rows=True needs an update stage")
+        raise ConfigError(f"policy {name}: trains_rows=True needs an update stage")
     return Policy(init=init or _init_none, admit=admit or _pass, update=update or _pass, age=age or _pass,
                   evict=evict or _pass, coeff=coeff or _coeff_none, retention=float(retention),
                   momentum=float(momentum), trains_rows=bool(trains_rows), evicts=evict is not None, name=name,
@@ -180,17 +181,17 @@ def identity() -> Policy:
 def _check_policies(policies):
     for p in policies:
         if not isinstance(p, Policy):
-            raise TypeError(f"chain() takes Policy objects, got {type(p).__name__}: {p!r}")
+            raise WrongTypeError(f"chain() takes Policy objects, got {type(p).__name__}: {p!r}")
     mus = [p.momentum for p in policies if p.momentum]
     if len(mus) > 1:
-        raise ValueError(f"momentum is set {len(mus)} times in one chain ({mus}): their coefficients would "
-                         f"multiply; keep one momentum(μ)")
+        raise ConfigError(f"momentum is set {len(mus)} times in one chain ({mus}): their coefficients would "
+                          f"multiply; keep one momentum(μ)")
     trainers = [p.name for p in policies if p.trains_rows]
     if len(trainers) > 1:
-        raise ValueError(f"more than one policy trains the stored rows ({trainers}); keep one")
+        raise ConfigError(f"more than one policy trains the stored rows ({trainers}); keep one")
     if mus and any(p.dynamic_age for p in policies):
-        raise ValueError("momentum needs the static retention of its chain (Eq. 100), which a policy that fades "
-                         "rows at run time (drift_discount) does not have; drop one of them")
+        raise ConfigError("momentum needs the static retention of its chain (Eq. 100), which a policy that fades "
+                          "rows at run time (drift_discount) does not have; drop one of them")
 
 
 def _compose(name, policies, pack, unpack, check) -> Policy:
@@ -243,7 +244,7 @@ def chain(*policies: Policy) -> Policy:
         if not isinstance(state, tuple) or len(state) != n:
             got = f"a {type(state).__name__} of length {len(state)}" if isinstance(state, (tuple, list)) \
                 else type(state).__name__
-            raise ValueError(f"chain of {n} policies got {got} as its state; pass the state its init made")
+            raise ConfigError(f"chain of {n} policies got {got} as its state; pass the state its init made")
         return state
 
     return _compose("chain(" + ", ".join(p.name for p in policies) + ")", policies, tuple, lambda s: s, check)
@@ -254,14 +255,14 @@ def named_chain(*named: tuple) -> Policy:
     (``trainer.state.policy_state["readout"]["cap"]``)."""
     names = [n for n, _ in named]
     if len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"named_chain needs distinct string names, got {names}")
+        raise ConfigError(f"named_chain needs distinct string names, got {names}")
     policies = tuple(p for _, p in named)
     _check_policies(policies)
 
     def check(state):
         if not isinstance(state, dict) or set(state) != set(names):
-            raise ValueError(f"named_chain of {names} got a state with keys "
-                             f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
+            raise ConfigError(f"named_chain of {names} got a state with keys "
+                              f"{sorted(state) if isinstance(state, dict) else type(state).__name__}")
         return state
 
     return _compose("named_chain(" + ", ".join(f"{n}={p.name}" for n, p in named) + ")", policies,
@@ -357,8 +358,8 @@ def step(pol: Policy, mem: memlib.Memory, rows, state, *, grads=None, mask=None,
     not finite); ``targets``: the batch's targets, one per candidate (for :func:`labels`);
     ``replayed:(B,)`` the candidates that rehearse stored rows (:class:`growmem.train.SelfReplay`'s)."""
     if pol.trains_rows and grads is None:
-        raise ValueError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
-                         f"of the stored rows; the Trainer provides them)")
+        raise ConfigError(f"policy {pol.name} trains the stored rows: step() needs grads (∂L/∂w, ∂L/∂k, ∂L/∂ṽ "
+                          f"of the stored rows; the Trainer provides them)")
     born = mem.t + 1
     be = backends.of(mem)
     valid = be.valid_mask(mem)
@@ -456,7 +457,7 @@ def _smallest(score, valid, n, k: int, order_key=None):
 
 def _check_number(name, value, ok, allowed):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        raise ConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +488,7 @@ def novelty(tau: float, *, relative: bool = False, within_batch: bool = False, a
     """
     _check_number("novelty tau", tau, lambda x: x >= 0, "a number >= 0")
     if chunk <= 0:
-        raise ValueError(f"novelty chunk must be positive, got {chunk}")
+        raise ConfigError(f"novelty chunk must be positive, got {chunk}")
 
     def admit(g, state):
         q = g.rows.k
@@ -528,8 +529,8 @@ def _labels_enter(name: str, n_classes: int):
     def enter(g, state):
         if g.targets is None or jnp.ndim(g.targets) != 1 or not jnp.issubdtype(jnp.asarray(g.targets).dtype,
                                                                                   jnp.integer):
-            raise ValueError(f"{name} keeps each row's class label: it needs integer class targets, one per "
-                             f"candidate row (a cross-entropy loss, a layer with one row per input)")
+            raise ConfigError(f"{name} keeps each row's class label: it needs integer class targets, one per "
+                              f"candidate row (a cross-entropy loss, a layer with one row per input)")
         return [jnp.asarray(g.targets).astype(_label_dtype(n_classes))]
     return enter
 
@@ -600,7 +601,7 @@ def capacity(max_rows: int, on_full: str = "reject", n_classes: int = 127) -> Po
     """
     _check_number("capacity max_rows", max_rows, lambda x: int(x) == x and x >= 1, "an integer >= 1")
     if on_full not in ON_FULL:
-        raise ValueError(f"capacity on_full must be one of {ON_FULL}, got {on_full!r}")
+        raise ConfigError(f"capacity on_full must be one of {ON_FULL}, got {on_full!r}")
     max_rows = int(max_rows)
 
     def evict(g, state):
@@ -697,8 +698,8 @@ def weight_decay(gamma: float, prune_below: Optional[float] = None) -> Policy:
     def age(g, state):
         mem = g.mem
         if gamma > 0 and mem.v.dtype != jnp.float32:
-            raise ValueError(f"weight_decay({gamma}) scales the stored values every step, which rows stored in "
-                             f"{mem.v.dtype} cannot represent; use row_dtype='float32' for this layer")
+            raise ConfigError(f"weight_decay({gamma}) scales the stored values every step, which rows stored in "
+                              f"{mem.v.dtype} cannot represent; use row_dtype='float32' for this layer")
         f = jnp.asarray(keep_factor, mem.v.dtype)
         w = mem.w * jnp.asarray(keep_factor, mem.w.dtype) if _weighted(mem) else mem.w
         return g._replace(mem=mem.replace(w=w, v=mem.v * f)), state
@@ -743,14 +744,14 @@ def drift_discount(factor: float = 1.0, threshold: float = 0.5, *, gamma: float 
     _check_number("drift_discount factor", factor, lambda x: 0 < x <= 1, "a number in (0, 1]")
     _check_number("drift_discount gamma", gamma, lambda x: 0 <= x < 1, "a number in [0, 1)")
     if factor == 1 and gamma == 0:
-        raise ValueError("drift_discount does nothing with factor = 1 and gamma = 0: set a discount factor < 1, a "
-                         "decay rate gamma > 0, or both")
+        raise ConfigError("drift_discount does nothing with factor = 1 and gamma = 0: set a discount factor < 1, a "
+                          "decay rate gamma > 0, or both")
     _check_number("drift_discount threshold", threshold, lambda x: x > 0, "a number > 0")
     for n, v in (("fast", fast), ("slow", slow)):
         _check_number(f"drift_discount {n}", v, lambda x: 0 < x <= 1, "a number in (0, 1]")
     if not slow < fast:
-        raise ValueError(f"drift_discount needs slow < fast (the slow mean is the baseline), got fast={fast}, "
-                         f"slow={slow}")
+        raise ConfigError(f"drift_discount needs slow < fast (the slow mean is the baseline), got fast={fast}, "
+                          f"slow={slow}")
     for n, v in (("warmup", warmup), ("cooldown", cooldown)):
         _check_number(f"drift_discount {n}", v, lambda x: int(x) == x and x >= 0, "an integer >= 0")
 
@@ -761,8 +762,8 @@ def drift_discount(factor: float = 1.0, threshold: float = 0.5, *, gamma: float 
     def age(g, state):
         mem = g.mem
         if mem.v.dtype != jnp.float32:
-            raise ValueError("drift_discount scales the stored values, which rows stored in "
-                             f"{mem.v.dtype} cannot represent exactly; use row_dtype='float32' for this layer")
+            raise ConfigError("drift_discount scales the stored values, which rows stored in "
+                              f"{mem.v.dtype} cannot represent exactly; use row_dtype='float32' for this layer")
         n = jnp.maximum(g.mask.sum(dtype=jnp.int32), 1)
         e = jnp.sum(jnp.where(g.mask, _norm(g.rows.v), 0.0)) / n
         first = state.steps == 0
@@ -823,8 +824,8 @@ def coefficient_fn(spec, pol: Optional[Policy]) -> Optional[Callable]:
     mu_spec = float(getattr(spec, "momentum", 0.0) or 0.0)
     mu_pol = pol.momentum if pol is not None else 0.0
     if mu_spec and mu_pol:
-        raise ValueError(f"momentum is set twice: GrowingSpec(momentum={mu_spec}) and policy {pol.name} "
-                         f"(μ = {mu_pol}); their coefficients would multiply — set it in one place")
+        raise ConfigError(f"momentum is set twice: GrowingSpec(momentum={mu_spec}) and policy {pol.name} "
+                          f"(μ = {mu_pol}); their coefficients would multiply — set it in one place")
     mu = mu_spec or mu_pol
     retention = pol.retention if pol is not None else 1.0
     custom = pol is not None and pol.coeff is not _coeff_none
@@ -854,7 +855,7 @@ def hybrid(tx: Optional[optax.GradientTransformation] = None) -> Policy:
 
     def init(mem):
         if mem.k.dtype != jnp.float32:
-            raise ValueError(f"hybrid rows are trained by an optimizer and must be float32, not {mem.k.dtype}")
+            raise ConfigError(f"hybrid rows are trained by an optimizer and must be float32, not {mem.k.dtype}")
         return RowState(tx.init(params(mem)))
 
     def update(g, state):

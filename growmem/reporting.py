@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from .errors import ConfigError
+
 
 def _jsonable(x):
     import numpy as np
@@ -145,7 +147,7 @@ def mean_std(values: Sequence[float]) -> Dict[str, Any]:
     single value, which ``n == 1`` marks as unmeasured)."""
     vals = [float(v) for v in values]
     if not vals:
-        raise ValueError("mean_std needs at least one value")
+        raise ConfigError("mean_std needs at least one value")
     mean = sum(vals) / len(vals)
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
     return {"mean": mean, "std": std, "n": len(vals), "values": vals}
@@ -171,7 +173,7 @@ def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
     from scipy.stats import t
 
     if not (0 < confidence < 1) or not df > 0:
-        raise ValueError(f"t_quantile needs 0 < confidence < 1 and df > 0, got confidence={confidence}, df={df}")
+        raise ConfigError(f"t_quantile needs 0 < confidence < 1 and df > 0, got confidence={confidence}, df={df}")
     return float(t.ppf(1 - (1 - confidence) / 2, df))
 
 
@@ -181,7 +183,7 @@ def _t_test(a: Sequence[float], b: Sequence[float], paired: bool):
     standard error and Welch–Satterthwaite degrees of freedom."""
     if paired:
         if len(a) != len(b):
-            raise ValueError(f"a paired comparison needs one value per seed on both sides, got {len(a)} and {len(b)}")
+            raise ConfigError(f"a paired comparison needs one value per seed on both sides, got {len(a)} and {len(b)}")
         if len(a) < 2:
             return None
         diffs = mean_std([x - y for x, y in zip(a, b)])

@@ -27,6 +27,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from .errors import ConfigError
+
 POLICIES = ("reservoir", "balanced")
 _WORD = (1 << 64) - 1
 
@@ -37,7 +39,7 @@ def rng_state(rng: np.random.Generator) -> np.ndarray:
     stores any other (:func:`set_rng_state` reads it back)."""
     st = rng.bit_generator.state
     if st.get("bit_generator") != "PCG64":
-        raise ValueError(f"rng_state saves PCG64 generators (np.random.default_rng), not {st.get('bit_generator')}")
+        raise ConfigError(f"rng_state saves PCG64 generators (np.random.default_rng), not {st.get('bit_generator')}")
     s, inc = int(st["state"]["state"]), int(st["state"]["inc"])
     return np.asarray([s >> 64, s & _WORD, inc >> 64, inc & _WORD, st["has_uint32"], st["uinteger"]], np.uint64)
 
@@ -46,7 +48,7 @@ def set_rng_state(rng: np.random.Generator, words) -> None:
     """Put the state :func:`rng_state` returned back into ``rng`` (a PCG64 generator): it draws on from there."""
     w = [int(x) for x in np.asarray(words, np.uint64).reshape(-1)]
     if len(w) != 6:
-        raise ValueError(f"a PCG64 state is 6 uint64 words, got {len(w)}")
+        raise ConfigError(f"a PCG64 state is 6 uint64 words, got {len(w)}")
     rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
                                "has_uint32": w[4], "uinteger": w[5]}
 
@@ -60,9 +62,9 @@ class Slots:
 
     def __init__(self, capacity: int, n_classes: int, policy: str, rng: np.random.Generator):
         if policy not in POLICIES:
-            raise ValueError(f"unknown buffer policy {policy!r}; choose one of {POLICIES}")
+            raise ConfigError(f"unknown buffer policy {policy!r}; choose one of {POLICIES}")
         if int(capacity) < 1 or int(n_classes) < 1:
-            raise ValueError(f"a buffer needs capacity >= 1 and n_classes >= 1, got {capacity}, {n_classes}")
+            raise ConfigError(f"a buffer needs capacity >= 1 and n_classes >= 1, got {capacity}, {n_classes}")
         self.capacity, self.n_classes, self.policy, self.rng = int(capacity), int(n_classes), policy, rng
         self.size = 0
         self.seen = 0
@@ -110,7 +112,7 @@ class Slots:
         labels = np.asarray(labels).reshape(-1)
         if len(labels) != size or size > self.capacity or seen_class.shape != (self.n_classes,) or \
                 full.shape != (self.n_classes,) or seen_class.sum() != seen or seen < size:
-            raise ValueError(f"a buffer state of {size} rows ({len(labels)} labels), {seen} samples seen does not fit "
-                             f"this buffer of {self.capacity} rows and {self.n_classes} classes")
+            raise ConfigError(f"a buffer state of {size} rows ({len(labels)} labels), {seen} samples seen does not fit "
+                              f"this buffer of {self.capacity} rows and {self.n_classes} classes")
         self.size, self.seen, self.seen_class, self.full = size, seen, seen_class.copy(), full.copy()
         self.held = np.bincount(labels.astype(np.int64), minlength=self.n_classes)[:self.n_classes].astype(np.int64)

@@ -13,6 +13,8 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from .errors import ConfigError
+
 
 class Rows(NamedTuple):
     """Candidate rows: ``w:(B,)``, ``k:(B, d_in)``, ``v:(B, d_out)`` (ṽ for softmax)."""
@@ -81,4 +83,4 @@ def get(name: str):
     try:
         return RULES[name]
     except KeyError:
-        raise ValueError(f"unknown rule {name!r}; choose one of {sorted(RULES)}") from None
+        raise ConfigError(f"unknown rule {name!r}; choose one of {sorted(RULES)}") from None

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .errors import ConfigError
 from . import backends, kernels
 from . import memory as memlib
 from . import policies
@@ -81,9 +82,9 @@ class Store:
         w, k, v = memlib.stored_rows(w, k, v, rd)
         bad = np.flatnonzero(~memlib.finite_rows(w, k, v))
         if len(bad):
-            raise ValueError(f"{len(bad)} of the {len(k)} rows are not finite (a NaN or inf in w, k or v; rows "
-                             f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}); drop them before building the "
-                             f"store, or append the rows (append drops and counts them)")
+            raise ConfigError(f"{len(bad)} of the {len(k)} rows are not finite (a NaN or inf in w, k or v; rows "
+                              f"{bad[:5].tolist()}{' ...' if len(bad) > 5 else ''}); drop them before building the "
+                              f"store, or append the rows (append drops and counts them)")
         mem = memlib.from_rows(w, k, v, born, spec=spec, row_dtype=rd).replace(t=jnp.asarray(t, jnp.int32))
         return cls.from_memory(mem, backend, name=name)
 
@@ -159,8 +160,8 @@ class Store:
         want = {"w": (b,), "k": (b, self.d_in), "v": (b, self.d_out)}
         for f, a in (("w", w), ("k", k), ("v", v)):
             if a.shape != want[f]:
-                raise ValueError(f"store {self.name}: {f} has shape {a.shape}, expected {want[f]} (B = {b} candidate "
-                                 f"rows of a {self.d_in} -> {self.d_out} memory)")
+                raise ConfigError(f"store {self.name}: {f} has shape {a.shape}, expected {want[f]} (B = {b} candidate "
+                                  f"rows of a {self.d_in} -> {self.d_out} memory)")
         born = np.broadcast_to(np.asarray(self.t + 1 if born is None else born, np.int32), (b,))
         mask = np.ones(b, bool) if mask is None else np.asarray(mask, bool)
         finite = memlib.finite_rows(w, k, v)
@@ -209,7 +210,7 @@ class Store:
     # ------------------------------------------------------------------ sharded stores
     def _sharded(self) -> Sharded:
         if not isinstance(self.backend, Sharded):
-            raise ValueError(f"store {self.name} is not sharded (backend {self.backend!r})")
+            raise ConfigError(f"store {self.name} is not sharded (backend {self.backend!r})")
         return self.backend
 
     @property

@@ -38,7 +38,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from . import backends
 from . import memory as memlib
 from . import policies as polib
-from .errors import GrowmemError
+from .errors import ConfigError, NumericalError, WrongTypeError
 
 
 def cross_entropy(logits, labels):
@@ -80,7 +80,7 @@ def get_loss(loss):
     try:
         return LOSSES[loss]
     except KeyError:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)} or pass a callable") from None
+        raise ConfigError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)} or pass a callable") from None
 
 
 @struct.dataclass
@@ -131,7 +131,7 @@ def _probe(model, variables, x):
     """One abstract forward pass of ``x``: ``(output shape-dtype, rows per input)``."""
     x = jnp.asarray(x)
     if x.ndim == 0 or x.shape[0] == 0:
-        raise ValueError(f"need a non-empty batch of inputs to size the memories, got shape {x.shape}")
+        raise ConfigError(f"need a non-empty batch of inputs to size the memories, got shape {x.shape}")
     varis = {k: v for k, v in variables.items() if k not in ("intermediates", "perturbations")}
     out, upd = jax.eval_shape(lambda: model.apply(varis, x, mutable=["intermediates"]))
     inter = flatten_dict(flax.core.unfreeze(upd.get("intermediates", {})))
@@ -140,8 +140,8 @@ def _probe(model, variables, x):
         q = inter.get(path + ("q",))
         n = 1 if q is None else int(q[0].shape[0])
         if q is not None and n % x.shape[0]:
-            raise ValueError(f"layer {layer_key(path)} proposes {n} rows for a batch of {x.shape[0]} inputs: "
-                             f"a growing layer must see a whole number of queries per input")
+            raise ConfigError(f"layer {layer_key(path)} proposes {n} rows for a batch of {x.shape[0]} inputs: "
+                              f"a growing layer must see a whole number of queries per input")
         per_input[path] = max(1, n // x.shape[0]) if q is not None else 1
     return out, per_input
 
@@ -300,8 +300,8 @@ def _per_layer(what: str, value, paths, default=None) -> Dict[tuple, Any]:
         names = {layer_key(p) for p in paths}
         unknown = set(value) - names
         if unknown:
-            raise ValueError(f"{what} names layers {sorted(unknown)} that the model does not have; "
-                             f"its growing layers are {sorted(names)}")
+            raise ConfigError(f"{what} names layers {sorted(unknown)} that the model does not have; "
+                              f"its growing layers are {sorted(names)}")
         return {p: value.get(layer_key(p), default) for p in paths}
     if callable(value):
         return {p: value(layer_key(p)) for p in paths}
@@ -326,7 +326,7 @@ class SelfReplay:
 
     def __post_init__(self):
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ValueError(f"SelfReplay samples must be an integer >= 1, got {self.samples!r}")
+            raise ConfigError(f"SelfReplay samples must be an integer >= 1, got {self.samples!r}")
 
 
 @functools.partial(jax.jit, static_argnums=(4,))
@@ -370,11 +370,11 @@ class Trainer:
         self._replay_path = None
         self.tx = tx
         if growth <= 1.0:
-            raise ValueError(f"growth factor must be > 1, got {growth}")
+            raise ConfigError(f"growth factor must be > 1, got {growth}")
         self.growth = growth
         if variables is None:
             if sample_input is None:
-                raise ValueError("Trainer needs sample_input (a batch of inputs) to initialise the model")
+                raise ConfigError("Trainer needs sample_input (a batch of inputs) to initialise the model")
             rng = jax.random.key(0) if rng is None else rng
             variables = jax.jit(model.init)(rng, sample_input)   # one program, not one per op
         variables = flax.core.unfreeze(variables)
@@ -398,8 +398,8 @@ class Trainer:
         for p, m in mems.items():
             pol, be = pols[p], bes[p] or backends.DEFAULT
             if pol is not None and not isinstance(pol, polib.Policy):
-                raise TypeError(f"policy for layer {layer_key(p)} must be a growmem.policies.Policy "
-                                f"(e.g. policies.chain(...)), got {type(pol).__name__}")
+                raise WrongTypeError(f"policy for layer {layer_key(p)} must be a growmem.policies.Policy "
+                                     f"(e.g. policies.chain(...)), got {type(pol).__name__}")
             polib.coefficient_fn(m.spec, pol)   # momentum set twice is an error now, not at the first step
             be.register(m.replace(policy=pol), layer_key(p))
         for p, m in mems.items():
@@ -505,11 +505,11 @@ class Trainer:
         changed, old_caps = {}, {}
         for path, mem in self.memories().items():
             if backends.of(mem) is not backends.DEFAULT:
-                raise ValueError(f"set_capacity sizes memories held in RAM; layer {layer_key(path)} lives on "
-                                 f"{type(backends.of(mem)).__name__}: size it through its backend instead")
+                raise ConfigError(f"set_capacity sizes memories held in RAM; layer {layer_key(path)} lives on "
+                                  f"{type(backends.of(mem)).__name__}: size it through its backend instead")
             if int(mem.size) > rows:
-                raise ValueError(f"layer {layer_key(path)} holds {int(mem.size)} rows, more than the capacity "
-                                 f"{rows} asked for: evict rows first or ask for at least {int(mem.size)}")
+                raise ConfigError(f"layer {layer_key(path)} holds {int(mem.size)} rows, more than the capacity "
+                                  f"{rows} asked for: evict rows first or ask for at least {int(mem.size)}")
             new = memlib.with_capacity(mem, rows, quantum=1)
             if new is not mem:
                 changed[path], old_caps[path] = new, mem.capacity
@@ -536,25 +536,25 @@ class Trainer:
         """Clear errors for a batch the model cannot learn from: labels outside the classes of a
         cross-entropy loss, a batch of another size than its labels."""
         if len(x) != len(y):
-            raise ValueError(f"the batch has {len(x)} inputs but {len(y)} targets")
+            raise ConfigError(f"the batch has {len(x)} inputs but {len(y)} targets")
         if len(x) == 0:
-            raise ValueError("the batch is empty (0 samples): a step needs at least one sample; skip empty batches")
+            raise ConfigError("the batch is empty (0 samples): a step needs at least one sample; skip empty batches")
         if self.input_shape is not None and tuple(np.shape(x)[1:]) != self.input_shape:
-            raise ValueError(f"the batch's inputs have shape {tuple(np.shape(x)[1:])} per sample but the model was "
-                             f"built for {self.input_shape} (its sample_input); reshape the inputs or build another "
-                             f"Trainer")
+            raise ConfigError(f"the batch's inputs have shape {tuple(np.shape(x)[1:])} per sample but the model was "
+                              f"built for {self.input_shape} (its sample_input); reshape the inputs or build another "
+                              f"Trainer")
         if self.loss_fn is squared_error and self.d_out is not None and \
                 tuple(np.shape(y)[1:]) not in ((self.d_out,),) + (((),) if self.d_out == 1 else ()):
-            raise ValueError(f"the targets have shape {tuple(np.shape(y)[1:])} per sample but the model outputs "
-                             f"{self.d_out} values; give targets of shape (batch, {self.d_out})")
+            raise ConfigError(f"the targets have shape {tuple(np.shape(y)[1:])} per sample but the model outputs "
+                              f"{self.d_out} values; give targets of shape (batch, {self.d_out})")
         if self.loss_fn in CLASS_LOSSES and self.d_out is not None:
             labels = np.asarray(y)
             if not np.issubdtype(labels.dtype, np.integer):
-                raise ValueError(f"cross-entropy needs integer class labels, got {labels.dtype}")
+                raise ConfigError(f"cross-entropy needs integer class labels, got {labels.dtype}")
             if labels.size and (labels.min() < 0 or labels.max() >= self.d_out):
                 bad = int(labels.min()) if labels.min() < 0 else int(labels.max())
-                raise ValueError(f"label {bad} is outside the model's {self.d_out} classes [0, {self.d_out}); fix the "
-                                 f"labels, or build the model with d_out >= {int(labels.max()) + 1}")
+                raise ConfigError(f"label {bad} is outside the model's {self.d_out} classes [0, {self.d_out}); fix the "
+                                  f"labels, or build the model with d_out >= {int(labels.max()) + 1}")
 
     def step(self, x, y) -> Dict[str, float]:
         """One training step on the batch ``(x, y)``; returns ``{"loss": ..., "dropped_rows": ...}``
@@ -585,13 +585,13 @@ class Trainer:
         first = sorted(mems, key=lambda p: (p != ("block_0",), p != ("readout",), p))[0]
         want = tuple(self.replay.layer.split("/")) if self.replay.layer else first
         if want not in (first, ("replay",)) or want not in mems:
-            raise ValueError(f"SelfReplay replays keys that are the network's inputs: those of its first growing "
-                             f"layer ({layer_key(first)}) or of its rehearsal layer 'replay' (replay_memory=True); "
-                             f"got layer {self.replay.layer!r}")
+            raise ConfigError(f"SelfReplay replays keys that are the network's inputs: those of its first growing "
+                              f"layer ({layer_key(first)}) or of its rehearsal layer 'replay' (replay_memory=True); "
+                              f"got layer {self.replay.layer!r}")
         mem = mems[want]
         if mem.policy is None or polib.stored_labels(jax.eval_shape(mem.policy.init, mem)) is None:
-            raise ValueError(f"SelfReplay needs the labels of {layer_key(want)}'s rows: give that layer a "
-                             f"policies.labels() (or capacity(on_full='evict_balanced' or 'merge')) policy")
+            raise ConfigError(f"SelfReplay needs the labels of {layer_key(want)}'s rows: give that layer a "
+                              f"policies.labels() (or capacity(on_full='evict_balanced' or 'merge')) policy")
         self._replay_path = want
         return want
 
@@ -645,11 +645,11 @@ class Batches:
         self.x, self.y = x, y
         self.n = len(x)
         if len(y) != self.n:
-            raise ValueError(f"the dataset has {self.n} inputs but {len(y)} targets")
+            raise ConfigError(f"the dataset has {self.n} inputs but {len(y)} targets")
         if self.n == 0:
-            raise ValueError("the dataset is empty (0 samples): there is nothing to train on; check the data given")
+            raise ConfigError("the dataset is empty (0 samples): there is nothing to train on; check the data given")
         if batch_size <= 0 or batch_size > self.n:
-            raise ValueError(f"batch_size must be in [1, {self.n}], got {batch_size}")
+            raise ConfigError(f"batch_size must be in [1, {self.n}], got {batch_size}")
         self.batch_size = batch_size
         self.rng = jax.random.key(0) if rng is None else rng
         self.shuffle = shuffle
@@ -674,7 +674,7 @@ class Batches:
         return self.x[idx], self.y[idx]
 
 
-class NonFiniteLossError(GrowmemError, FloatingPointError):
+class NonFiniteLossError(NumericalError):
     """The training loss became NaN or infinite; the message names the step and the last finite loss."""
 
 
@@ -701,7 +701,7 @@ def fit(trainer: Trainer, batches: Callable[[int], tuple], *, steps: int, start:
     Returns ``{"step", "evals", "seconds", "steps_per_second", "stopped", "nonfinite_steps"}``.
     """
     if on_nonfinite not in ("stop", "skip"):
-        raise ValueError(f"on_nonfinite must be 'stop' or 'skip', got {on_nonfinite!r}")
+        raise ConfigError(f"on_nonfinite must be 'stop' or 'skip', got {on_nonfinite!r}")
     evals, pending, nonfinite, last_finite = [], [], [0], [None]   # pending: (step, device loss) unchecked
 
     def check():

@@ -23,10 +23,10 @@ def parse_size(text: str) -> int:
 
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a size: write e.g. 512MB, 1.5GB or 4096 (bytes)")
+        raise ConfigError(f"cannot read {text!r} as a size: write e.g. 512MB, 1.5GB or 4096 (bytes)")
     n = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not n < 2 ** 63:            # a 400-digit number is inf: int() of it raised OverflowError
-        raise ValueError(f"size {text!r} is too large: at most {2 ** 63 - 1} bytes")
+        raise ConfigError(f"size {text!r} is too large: at most {2 ** 63 - 1} bytes")
     return int(n)
 
 

@@ -317,3 +317,27 @@ def test_the_progress_bar_follows_the_terminal_rule(monkeypatch, capsys):
     bar.close()
     err = capsys.readouterr().err
     assert "shown" in err and "5/5" in err and "quiet" not in err
+
+
+#: the built-in exceptions the package may raise: an I/O failure its callers handle, Python's protocols (a
+#: module's ``__getattr__``, an abstract method) and process control (an exit code, Ctrl-C passed on)
+BUILTIN_RAISES = ("OSError", "AttributeError", "NotImplementedError", "SystemExit", "KeyboardInterrupt")
+
+
+def test_growmem_raises_its_own_errors_and_no_built_in_one_but_oserror():
+    """One error tree (docs/architecture.md): a ``raise`` of a built-in exception class (ValueError,
+    TypeError, RuntimeError, ...) in the package fails here, but for :data:`BUILTIN_RAISES`."""
+    import builtins
+
+    found = []
+    for name, path in sorted(_modules().items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                f = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                cls = getattr(builtins, f.id, None) if isinstance(f, ast.Name) else None
+                if isinstance(cls, type) and issubclass(cls, BaseException) and f.id not in BUILTIN_RAISES:
+                    found.append(f"{name}:{node.lineno} raises {f.id}")
+    assert found == [], found
+    from growmem.errors import ConfigError, NumericalError, WrongTypeError   # what callers of the built-ins get
+    assert issubclass(ConfigError, ValueError) and issubclass(WrongTypeError, TypeError)
+    assert issubclass(NumericalError, FloatingPointError)

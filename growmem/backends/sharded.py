@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import kernels
 from .. import memory as memlib
-from ..errors import ConfigMismatchError
+from ..errors import ConfigError, ConfigMismatchError
 from . import RAM, _temperature
 
 PLACEMENTS = ("round_robin", "least_filled")
@@ -45,8 +45,8 @@ def row_mesh(n_devices: Optional[int] = None, axis: str = "rows", devices=None) 
     devices = list(jax.devices() if devices is None else devices)
     if n_devices is not None:
         if n_devices > len(devices):
-            raise ValueError(f"asked for {n_devices} devices but only {len(devices)} exist "
-                             f"(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)")
+            raise ConfigError(f"asked for {n_devices} devices but only {len(devices)} exist "
+                              f"(on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N before importing jax)")
         devices = devices[:n_devices]
     return Mesh(np.array(devices), (axis,))
 
@@ -68,7 +68,7 @@ def assign_shards(sizes: Sequence[int], n_rows: int, placement: str = "round_rob
             out[i] = j
             fill[j] += 1
         return out
-    raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    raise ConfigError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
 
 
 def _global(mesh, spec_p, x) -> jax.Array:
@@ -113,9 +113,9 @@ class Sharded(RAM):
         if self.mesh is None:
             object.__setattr__(self, "mesh", row_mesh(axis=self.axis))
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+            raise ConfigError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.axis not in self.mesh.shape:
-            raise ValueError(f"the mesh has axes {tuple(self.mesh.shape)}, not {self.axis!r}")
+            raise ConfigError(f"the mesh has axes {tuple(self.mesh.shape)}, not {self.axis!r}")
 
     def __repr__(self):
         return f"Sharded({self.n_shards} shards, {self.placement}{', tiered' if self.tiered else ''})"
@@ -257,8 +257,8 @@ class Sharded(RAM):
 
     def evict_and_append(self, mem, keep, w, k, v, born, mask, extra=(), extra_new=()):
         if any(n is not None for n in extra_new):
-            raise ValueError("a policy that sets the per-row state of new rows (labels(), capacity(on_full="
-                             "'evict_balanced' or 'merge')) runs on memories in RAM (backends.RAM), not on sharded ones")
+            raise ConfigError("a policy that sets the per-row state of new rows (labels(), capacity(on_full="
+                              "'evict_balanced' or 'merge')) runs on memories in RAM (backends.RAM), not on sharded ones")
         cs = self.block(mem)
         arrays, sizes = self.compact_blocks([mem.w, mem.k, mem.v, mem.born, *extra], keep, mem.size, cs)
         mem = mem.replace(w=arrays[0], k=arrays[1], v=arrays[2], born=arrays[3], size=sizes)
@@ -295,8 +295,8 @@ class Sharded(RAM):
     def attach(self, mem, name: str = "memory"):
         """Distribute a fresh (unsharded) memory's rows over the shards by the placement rule."""
         if memlib.ROW_QUANTUM % self.n_shards:
-            raise ValueError(f"a mesh axis of {self.n_shards} devices does not divide the row quantum "
-                             f"{memlib.ROW_QUANTUM}: use a power of two")
+            raise ConfigError(f"a mesh axis of {self.n_shards} devices does not divide the row quantum "
+                              f"{memlib.ROW_QUANTUM}: use a power of two")
         if isinstance(mem.size, jax.Array) and mem.size.ndim == 1:      # already sharded rows (a restore)
             return self.place_memory(mem.replace(backend=self))
         rows = mem.rows()
@@ -325,7 +325,7 @@ class Sharded(RAM):
         s = self.n_shards
         sizes = [int(n) for n in sizes]
         if len(sizes) != s:
-            raise ValueError(f"sizes has {len(sizes)} entries but the mesh axis {self.axis!r} has {s} shards")
+            raise ConfigError(f"sizes has {len(sizes)} entries but the mesh axis {self.axis!r} has {s} shards")
         cs = memlib.round_capacity(max(max(sizes, default=0), capacity_per_shard or 0), memlib.ROW_QUANTUM)
         shapes = {"w": (), "k": (d_in,), "v": (d_out,), "born": ()}
         dtypes = {"w": np.float32, "k": np.dtype(row_dtype), "v": np.dtype(row_dtype), "born": np.int32}
@@ -431,7 +431,7 @@ class Sharded(RAM):
         for f in memlib.FIELDS:
             blocks = self.local_blocks(mem, f)
             if shard not in blocks:
-                raise ValueError(f"shard {shard} is not on the devices of process {jax.process_index()}")
+                raise ConfigError(f"shard {shard} is not on the devices of process {jax.process_index()}")
             out[f] = blocks[shard][:n]
         return out
 
@@ -439,8 +439,8 @@ class Sharded(RAM):
         """Every row, shard by shard (cold rows of a shard first): gathers every shard into
         this process, so it needs a single process."""
         if jax.process_count() > 1:
-            raise ValueError("gathering the rows of a memory sharded over several processes into one needs a "
-                             f"single process (this is process {jax.process_index()} of {jax.process_count()})")
+            raise ConfigError("gathering the rows of a memory sharded over several processes into one needs a "
+                              f"single process (this is process {jax.process_index()} of {jax.process_count()})")
         parts = []
         for j in range(self.n_shards):
             if self.tiered is not None:

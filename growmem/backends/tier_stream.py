@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from ..errors import ConfigError
 from .. import kernels, native
 from .tier_files import FIELDS, TierError
 from .tier_format import ColdTier
@@ -102,7 +103,7 @@ def _read(view: ColdView, i, n, t, shard, fields):
     out = tuple(jax.ShapeDtypeStruct(*shapes[f]) for f in fields)
     if native.cold_reads(_host_read):
         if tuple(f for f in FIELDS if f in fields) != tuple(fields):
-            raise ValueError(f"cold read fields {fields} must follow the order of {FIELDS}")
+            raise ConfigError(f"cold read fields {fields} must follow the order of {FIELDS}")
         scalar = lambda a: jnp.asarray(a, jnp.int32)
         call = jax.ffi.ffi_call(native.COLD_READ_TARGET, out, vmap_method="sequential")
         return call(scalar(i), scalar(n), scalar(t), scalar(shard), key=ref.key,

@@ -107,7 +107,7 @@ class Tiered(RAM):
 
     def __post_init__(self):
         if self.directory is None:
-            raise ValueError("Tiered needs a directory (a folder or a TensorStore kvstore URL)")
+            raise ConfigError("Tiered needs a directory (a folder or a TensorStore kvstore URL)")
         object.__setattr__(self, "directory", os.fspath(self.directory))
         if self.ram_budget_bytes is None:
             raise ConfigError("Tiered needs ram_budget_bytes: the bytes of rows kept in RAM (e.g. 512MB)")
@@ -154,15 +154,15 @@ class Tiered(RAM):
     def _check_layer(self, mem, name):
         pol = mem.policy
         if pol is not None and pol.trains_rows:
-            raise ValueError(f"layer {name} is hybrid (its policy {pol.name} trains the stored rows): its rows cannot "
-                             f"spill to disk, where they would not be trained; keep this layer in RAM")
+            raise ConfigError(f"layer {name} is hybrid (its policy {pol.name} trains the stored rows): its rows cannot "
+                              f"spill to disk, where they would not be trained; keep this layer in RAM")
         if pol is not None and pol.dynamic_age:
-            raise ValueError(f"layer {name}'s policy {pol.name} fades the rows by an amount decided at run time, "
-                             f"which cold rows (faded lazily by a static retention) cannot follow; keep this layer "
-                             f"in RAM")
+            raise ConfigError(f"layer {name}'s policy {pol.name} fades the rows by an amount decided at run time, "
+                              f"which cold rows (faded lazily by a static retention) cannot follow; keep this layer "
+                              f"in RAM")
         if pol is not None and getattr(pol, "max_rows", None):
-            raise ValueError(f"layer {name} has a capacity policy ({pol.name}), which keeps its rows in RAM; "
-                             f"spilling makes no sense with it — drop one of the two")
+            raise ConfigError(f"layer {name} has a capacity policy ({pol.name}), which keeps its rows in RAM; "
+                              f"spilling makes no sense with it — drop one of the two")
 
     def _open_store(self, location, mem, name, chunk):
         spec_json = _spec_json(mem.spec)
@@ -202,8 +202,8 @@ class Tiered(RAM):
         hot = self.hot_rows_per_layer
         if hot < 2 * chunk:
             raise ConfigError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per layer "
-                             f"({mem.row_bytes} B per row for {name}); spilling needs at least 2 chunks of {chunk} "
-                             f"rows: raise ram_budget_bytes or lower chunk_rows")
+                              f"({mem.row_bytes} B per row for {name}); spilling needs at least 2 chunks of {chunk} "
+                              f"rows: raise ram_budget_bytes or lower chunk_rows")
         store = self._open_store(join_url(self.directory, _safe(name)), mem, name, chunk)
         key = f"{self._key}/{name}"
         self._layers[name] = (mem.row_bytes, key)
@@ -237,7 +237,7 @@ class Tiered(RAM):
         hot = self.hot_rows_per_layer
         if extra > hot // 2:
             raise ConfigError(f"a batch of {extra} rows is more than half the {hot} hot rows the RAM budget allows "
-                             f"per layer: raise ram_budget_bytes")
+                              f"per layer: raise ram_budget_bytes")
         if bound + extra > hot:
             exact = int(mem.size)
             if exact + extra > hot:
@@ -258,7 +258,7 @@ class Tiered(RAM):
         c, hot = view.ref.chunk_rows, self.hot_rows_per_layer
         n = min(exact // c * c, -(-(exact - hot // 2) // c) * c)
         if n <= 0:
-            raise ValueError(f"cannot free room in the hot rows ({exact} rows, chunks of {c}, budget {hot} rows)")
+            raise ConfigError(f"cannot free room in the hot rows ({exact} rows, chunks of {c}, budget {hot} rows)")
         host = {f: np.asarray(getattr(mem, f))[:n] for f in FIELDS}
         # a failed write raises TierWriteError with this memory unchanged
         store.spill(host, int(mem.t))
@@ -341,7 +341,7 @@ class Tiered(RAM):
         hot = self.hot_rows_per_layer
         if hot < 2 * chunk:
             raise ConfigError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per shard and "
-                             f"layer; spilling needs at least 2 chunks of {chunk} rows: raise ram_budget_bytes")
+                              f"layer; spilling needs at least 2 chunks of {chunk} rows: raise ram_budget_bytes")
         key = f"{self._key}/{name}"
         stores = {}
         mine = sorted({(p.index[0].start or 0) // cs for p in mem.k.addressable_shards})

@@ -41,7 +41,7 @@ from ..version import __version__
 from .. import memory as memlib
 from ..backends.sharded import host_value
 from ..runtime import allgather_json
-from ..errors import CheckpointError, ConfigMismatchError, CorruptCheckpointError, IncompatibleVersionError
+from ..errors import CheckpointError, ConfigError, ConfigMismatchError, CorruptCheckpointError, IncompatibleVersionError
 from ..layers import GrowingSpec
 from ..store import Store
 
@@ -373,7 +373,7 @@ class Checkpointer:
         import orbax.checkpoint as ocp
 
         if keep is not None and keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+            raise ConfigError(f"keep must be >= 1, got {keep}")
         self.directory = _location(directory)
         local = "://" not in self.directory
         if local:
@@ -442,7 +442,7 @@ class Checkpointer:
         """
         if trainer is None:
             if step is None:
-                raise ValueError("save(None, ...) needs an explicit step")
+                raise ConfigError("save(None, ...) needs an explicit step")
             state = {}
         else:
             state = _state_of(trainer)

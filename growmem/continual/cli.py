@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from growmem.errors import ConfigError
 from growmem.options import SEED_MAX, _size
 
 
@@ -46,7 +47,7 @@ def _checked(parse):
 def _distinct(names: List[str], what: str) -> List[str]:
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"{what} {', '.join(twice)} listed twice")
+        raise ConfigError(f"{what} {', '.join(twice)} listed twice")
     return names
 
 
@@ -99,12 +100,12 @@ def seeds(text: str) -> List[int]:
     try:
         out = [int(s) for s in _csv(text)]
     except ValueError:
-        raise ValueError(f"must be comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"must be comma-separated integers, got {text!r}") from None
     if not out:
-        raise ValueError("name at least one seed")
+        raise ConfigError("name at least one seed")
     bad = [v for v in out if not 0 <= v <= SEED_MAX]
     if bad:
-        raise ValueError(f"seeds must be integers in [0, {SEED_MAX}], got {bad[0]}")
+        raise ConfigError(f"seeds must be integers in [0, {SEED_MAX}], got {bad[0]}")
     _distinct([str(s) for s in out], "seed")
     return out
 

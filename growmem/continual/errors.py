@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from growmem.data.datasets import DatasetNotFoundError  # noqa: F401  (one class for a missing dataset)
-from growmem.errors import ConfigError, GrowmemError  # noqa: F401  (ConfigError: a run that cannot work as asked)
+from growmem.errors import ConfigError, GrowmemError, WrongTypeError  # noqa: F401  (re-exported)
 
 #: how to install what this package needs
 EXTRA_INSTALL = "pip install 'growmem[continual]'"

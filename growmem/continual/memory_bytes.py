@@ -32,7 +32,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, WrongTypeError
 
 
 def _nbytes(tree) -> int:
@@ -142,7 +142,7 @@ def _item_bytes(x) -> int:
         return 8  # collated to an int64 / float64 tensor
     if isinstance(x, (list, tuple)):
         return sum(_item_bytes(v) for v in x)
-    raise TypeError(f"cannot count the bytes of a sample element of type {type(x).__name__}")
+    raise WrongTypeError(f"cannot count the bytes of a sample element of type {type(x).__name__}")
 
 
 def sample_bytes(dataset) -> int:

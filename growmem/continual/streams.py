@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import ConfigError, DatasetNotFoundError, require_avalanche, unknown
+from .errors import ConfigError, DatasetNotFoundError, WrongTypeError, require_avalanche, unknown
 
 require_avalanche()
 
@@ -339,8 +339,8 @@ def _drifting(*, seed, n_experiences, task_labels, data_dir, download, train_lim
 def describe_benchmark(benchmark, name: str = "user") -> Stream:
     """A :class:`Stream` for any Avalanche benchmark object (``train_stream`` + ``test_stream``)."""
     if not (hasattr(benchmark, "train_stream") and hasattr(benchmark, "test_stream")):
-        raise TypeError(f"expected a stream name ({', '.join(STREAMS)}) or an Avalanche benchmark object with "
-                        f"train_stream and test_stream, got {type(benchmark).__name__}")
+        raise WrongTypeError(f"expected a stream name ({', '.join(STREAMS)}) or an Avalanche benchmark object with "
+                             f"train_stream and test_stream, got {type(benchmark).__name__}")
     train = list(benchmark.train_stream)
     if not train:
         raise ConfigError("the benchmark's train_stream has no experiences")

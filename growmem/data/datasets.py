@@ -56,7 +56,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import GrowmemError
+from ..errors import ConfigError, GrowmemError
 
 __all__ = [
     "DATASETS", "DatasetSpec", "DatasetError", "DatasetNotFoundError", "CorruptDatasetError",
@@ -206,7 +206,7 @@ def _spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {names()}") from None
+        raise ConfigError(f"unknown dataset {name!r}; choose one of {names()}") from None
 
 
 # --------------------------------------------------------------------------- folders
@@ -287,13 +287,13 @@ def _digest(data: bytes, expected: str) -> str:
         return hashlib.md5(data).hexdigest()
     if len(expected) == 64:
         return hashlib.sha256(data).hexdigest()
-    raise ValueError(f"checksum {expected!r}: expected 32 (md5) or 64 (sha256) hex digits")
+    raise ConfigError(f"checksum {expected!r}: expected 32 (md5) or 64 (sha256) hex digits")
 
 
 def _file_digest(path: Path, expected: str) -> str:
     h = hashlib.md5() if len(expected) == 32 else hashlib.sha256() if len(expected) == 64 else None
     if h is None:
-        raise ValueError(f"checksum {expected!r}: expected 32 (md5) or 64 (sha256) hex digits")
+        raise ConfigError(f"checksum {expected!r}: expected 32 (md5) or 64 (sha256) hex digits")
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
@@ -469,7 +469,7 @@ def _load_pickle(spec: DatasetSpec, path: Path, checksums: Mapping[str, str]):
 def _read_cifar_split(spec: DatasetSpec, folder: Path, split: str, labels: str,
                       checksums: Mapping[str, str], limit: Optional[int]):
     if labels not in spec.label_keys:
-        raise ValueError(f"{spec.name}: labels must be one of {sorted(spec.label_keys)}, got {labels!r}")
+        raise ConfigError(f"{spec.name}: labels must be one of {sorted(spec.label_keys)}, got {labels!r}")
     key, classes = spec.label_keys[labels]
     xs, ys, n = [], [], 0
     for member in spec.splits[split]:
@@ -778,9 +778,9 @@ def load(name: str, split: str = "train", data_dir=None, download: bool = True, 
     downloaded, :class:`CorruptDatasetError` (an OSError and ValueError) for a damaged file."""
     spec = _spec(name)
     if split not in spec.splits:
-        raise ValueError(f"{name}: split must be one of {sorted(spec.splits)}, got {split!r}")
+        raise ConfigError(f"{name}: split must be one of {sorted(spec.splits)}, got {split!r}")
     if limit is not None and (int(limit) != limit or limit < 0):
-        raise ValueError(f"limit must be a non-negative integer, got {limit!r}")
+        raise ConfigError(f"limit must be a non-negative integer, got {limit!r}")
     folder = locate(name, data_dir, download=download, mirrors=mirrors, checksums=checksums, timeout=timeout)
     return read_split(name, folder, split, limit=limit, flatten=flatten, labels=labels, dtype=dtype,
                       checksums=checksums)
@@ -795,7 +795,7 @@ def read_split(name: str, folder, split: str = "train", *, limit: Optional[int] 
     sums = _checksums(spec, checksums)
     if spec.kind == "idx":
         if labels != "fine":
-            raise ValueError(f"{name} has one kind of labels; labels={labels!r} applies to cifar100")
+            raise ConfigError(f"{name} has one kind of labels; labels={labels!r} applies to cifar100")
         images, y = _read_idx_split(spec, folder, split, sums)
     else:
         images, y = _read_cifar_split(spec, folder, split, labels, sums, limit)

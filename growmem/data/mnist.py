@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import ConfigError
 from . import datasets as _ds
 from .datasets import CorruptDatasetError, DatasetNotFoundError, read_idx  # noqa: F401  (public names)
 
@@ -56,7 +57,7 @@ def load(split: str = "train", data_dir=None, *, limit: Optional[int] = None, fl
 
     With ``download=True`` missing files are fetched into ``growmem.data.cache_dir("mnist", data_dir)``."""
     if split not in FILES:
-        raise ValueError(f"split must be one of {sorted(FILES)}, got {split!r}")
+        raise ConfigError(f"split must be one of {sorted(FILES)}, got {split!r}")
     try:
         d = find(data_dir)
     except DatasetNotFoundError:

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ConfigError
+
 #: per-channel (R, G, B) mean and standard deviation of the training pixels in [0, 1], as commonly
 #: quoted for the 50,000 training images (population std over all pixels of a channel). They were
 #: not recomputed here; ``channel_stats(x_train)`` gives the exact values of the data you load.
@@ -42,7 +44,7 @@ def _as_images(x):
         return x.reshape(x.shape[0], SIZE, SIZE, CHANNELS)
     if x.ndim == 4 and x.shape[1:] == (SIZE, SIZE, CHANNELS):
         return x
-    raise ValueError(f"expected images (B, 32, 32, 3) or (B, 3072), got shape {tuple(x.shape)}")
+    raise ConfigError(f"expected images (B, 32, 32, 3) or (B, 3072), got shape {tuple(x.shape)}")
 
 
 def channel_stats(images, chunk: int = 5000) -> Tuple[np.ndarray, np.ndarray]:
@@ -51,7 +53,7 @@ def channel_stats(images, chunk: int = 5000) -> Tuple[np.ndarray, np.ndarray]:
     x = np.asarray(images)
     x = x.reshape(len(x), -1, CHANNELS) if x.ndim == 2 else x.reshape(len(x), -1, x.shape[-1])
     if x.shape[-1] != CHANNELS or len(x) == 0:
-        raise ValueError(f"expected a non-empty batch of 3-channel images, got shape {np.shape(images)}")
+        raise ConfigError(f"expected a non-empty batch of 3-channel images, got shape {np.shape(images)}")
     count, total = 0, np.zeros(CHANNELS)
     for i in range(0, len(x), chunk):
         part = x[i:i + chunk].astype(np.float64)
@@ -139,9 +141,9 @@ def epoch_batches(rng, images, labels, batch_size: int, mean, std, *, augment: b
     images, labels = np.asarray(images), np.asarray(labels)
     n = len(images)
     if len(labels) != n:
-        raise ValueError(f"{n} images but {len(labels)} labels")
+        raise ConfigError(f"{n} images but {len(labels)} labels")
     if batch_size <= 0:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+        raise ConfigError(f"batch_size must be positive, got {batch_size}")
     k_perm, k_aug = jax.random.split(rng)
     order = np.asarray(jax.random.permutation(k_perm, n))
     stop = n - n % batch_size if drop_remainder else n

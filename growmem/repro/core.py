@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ..errors import GrowmemError
+from ..errors import ConfigError, GrowmemError, RunError
 from ..reporting import progress_bar
 
 #: where ``growmem repro`` writes by default (relative to the working directory); the committed results are
@@ -560,8 +560,8 @@ def beats(a, b, *, margin: float = 0.0, higher: bool = True, paired: bool = True
     if len(bv) == 1 and len(av) > 1:   # a fixed reference number
         bv = bv * len(av)
     if paired and len(av) != len(bv):
-        raise ValueError(f"{names[0]} vs {names[1]}: a paired comparison needs one value per seed on both sides, "
-                         f"got {len(av)} and {len(bv)}")
+        raise ConfigError(f"{names[0]} vs {names[1]}: a paired comparison needs one value per seed on both sides, "
+                          f"got {len(av)} and {len(bv)}")
     shifted = [x - margin for x in av] if higher else [x + margin for x in av]
     cmp = compare(shifted, bv, higher=higher, confidence=confidence, paired=paired)
     verdict = {"better": REPRODUCED, "worse": CONTRADICTED}.get(cmp, INCONCLUSIVE)
@@ -590,7 +590,7 @@ def combine(parts: Sequence[dict], *, rule: str, claim: str = "", mode: str = "a
         verdict = (REPRODUCED if REPRODUCED in verdicts
                    else CONTRADICTED if all(v == CONTRADICTED for v in verdicts) else INCONCLUSIVE)
     else:
-        raise ValueError(f"mode must be 'all' or 'any', got {mode!r}")
+        raise ConfigError(f"mode must be 'all' or 'any', got {mode!r}")
     need = None
     if verdict == INCONCLUSIVE:
         open_ = [p for p in parts if p["verdict"] == INCONCLUSIVE]
@@ -704,11 +704,11 @@ def write_results(exp: Experiment, preset: str, cfg: dict, payload: dict, out: P
     """``out/NAME.json`` (``summary`` first) and ``out/NAME.png``, each written atomically."""
     from ..reporting import pyplot, save_figure, write_json
     if "summary" not in payload:
-        raise RuntimeError(f"{exp.name}: run() returned no summary")
+        raise RunError(f"{exp.name}: run() returned no summary")
     missing = [k for k in ("seeds", "metrics", "claims", "verdict") if k not in payload["summary"]]
     if missing:
-        raise RuntimeError(f"{exp.name}: run()'s summary lacks {missing} (every experiment reports its seeds, "
-                           f"per-metric mean/std and its claims' verdicts)")
+        raise RunError(f"{exp.name}: run()'s summary lacks {missing} (every experiment reports its seeds, "
+                       f"per-metric mean/std and its claims' verdicts)")
     doc = {"experiment": exp.name, "preset": preset, "paper": exp.paper, "claim": exp.claim,
            "summary": payload["summary"], "command": command, "config": cfg, "notes": list(notes),
            "seconds": seconds, **{k: v for k, v in payload.items() if k != "summary"}}

@@ -25,6 +25,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from ..errors import ConfigError
 from .. import kernels
 from ..layers import GrowingSpec, init_memory, rms_norm
 
@@ -46,7 +47,7 @@ class TemperedLayer(nn.Module):
             self.spec, d_in, self.d_out, self.capacity, self.make_rng("params"))).value
         theta = self.param(LOG_T, lambda _: jnp.asarray(math.log(self.spec.temperature), jnp.float32))
         if mem.policy is not None or mem.backend is not None or self.spec.momentum:
-            raise ValueError("TemperedLayer keeps its rows in RAM with no policy or momentum")
+            raise ConfigError("TemperedLayer keeps its rows in RAM with no policy or momentum")
         kern = kernels.get(self.spec.kernel)
         p = kernels.reduce(kern, q, mem.k, mem.v, mem.w, temperature=jnp.exp(theta), size=mem.size,
                            chunk=self.spec.chunk, row_grads=False)
@@ -83,7 +84,7 @@ def layer_order(rows: Dict[str, dict], n_blocks: int) -> Sequence[str]:
     names = [f"block_{i}" for i in range(n_blocks)] + ["readout"]
     missing = [n for n in names if n not in rows]
     if missing:
-        raise ValueError(f"no rows for layers {missing}; have {sorted(rows)}")
+        raise ConfigError(f"no rows for layers {missing}; have {sorted(rows)}")
     return names
 
 
