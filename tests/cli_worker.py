@@ -5,7 +5,7 @@ import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from growmem.cli import main  # noqa: E402
+from growmem.app.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@
 A test that kills and restarts a run dozens of times (``tests/chaos``) spends most of each restart importing
 jax, flax, orbax, tensorstore and matplotlib. :class:`ForkServer` starts one interpreter that imports them
 (no JAX backend is initialised, no thread started: checked) and forks it for every :meth:`ForkServer.launch`;
-the child sets ``sys.argv``, sends its stdout and stderr to files and runs ``growmem.cli.main`` as the
+the child sets ``sys.argv``, sends its stdout and stderr to files and runs ``growmem.app.cli.main`` as the
 ``growmem`` script does, then ends the way an interpreter ends (non-daemon threads joined, ``atexit``
 handlers run: ``jax.distributed``'s shutdown among them). What a forked run computes is what a fresh
 process computes: the imports are the same modules, nothing ran before the fork.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 #: what the server imports before its first fork: everything ``growmem train`` imports
 PRELOAD = ("matplotlib", "matplotlib.pyplot", "jax", "jax.numpy", "flax", "optax", "orbax.checkpoint", "tensorstore",
-           "growmem.cli", "growmem.train", "growmem.layers", "growmem.config", "growmem.policies",
+           "growmem.app.cli", "growmem.train", "growmem.layers", "growmem.config", "growmem.policies",
            "growmem.checkpoint", "growmem.checkpoint.manager", "growmem.backends.tiered", "growmem.data",
            "growmem.reporting", "growmem.runtime")
 
@@ -79,7 +79,7 @@ def child(req):
             own_cache(req["cache"])
         if req.get("prologue"):          # e.g. a fault injected before the command runs
             exec(compile(req["prologue"], "<prologue>", "exec"), {"__name__": "__prologue__"})
-        from growmem.cli import main
+        from growmem.app.cli import main
         try:
             rc = main(req["argv"])
             rc = 0 if rc is None else rc

@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 
-from growmem import cli
+from growmem.app import cli
 
 SMALL = ["--batch-size", "8", "--test-size", "32", "--eval-every", "2", "--blocks", "1"]
 

@@ -180,7 +180,7 @@ def test_missing_description_and_invalid_toml_and_unknown_preset(tmp_path):
 
 
 def test_cli_lists_the_presets_with_their_descriptions(capsys):
-    from growmem.cli import main
+    from growmem.app.cli import main
     assert main(["policies"]) == 0
     out = capsys.readouterr().out
     for name, _, desc in config.available():
@@ -189,7 +189,7 @@ def test_cli_lists_the_presets_with_their_descriptions(capsys):
 
 def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
     import json
-    from growmem.cli import main
+    from growmem.app.cli import main
     assert main(["train", "--policy", str(config.PRESET_DIR / "capped.toml"), "--task", "teacher-student",
                  "--steps", "2", "--eval-every", "1", "--test-size", "32", "--batch-size", "8",
                  "--out", str(tmp_path)]) == 0
@@ -203,7 +203,7 @@ def test_cli_train_runs_a_preset_and_names_a_bad_one(tmp_path, capsys):
 
 def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_path):
     import json
-    from growmem.cli import main
+    from growmem.app.cli import main
     assert main(["train", "--policy", "weighted_softmax", "--steps", "3", "--eval-every", "3",
                  "--test-size", "64", "--out", str(tmp_path)]) == 0
     m = json.loads((tmp_path / "metrics.json").read_text())
@@ -214,7 +214,7 @@ def test_cli_train_with_a_preset_defaults_to_mnist_with_the_preset_batch(tmp_pat
 
 
 def test_cli_train_names_the_paths_searched_when_mnist_is_missing(tmp_path, monkeypatch, capsys):
-    from growmem.cli import main
+    from growmem.app.cli import main
     monkeypatch.setenv("GROWMEM_DATA", str(tmp_path / "nowhere"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert main(["train", "--task", "mnist", "--steps", "1", "--out", str(tmp_path / "o")]) == 2

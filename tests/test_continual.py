@@ -452,7 +452,7 @@ def test_growmem_imports_without_avalanche_and_the_cli_names_the_extra():
     code = ("import sys; import growmem, growmem.continual; "
             "assert 'avalanche' not in sys.modules and 'torch' not in sys.modules, 'imported eagerly'; "
             "sys.modules['avalanche'] = None; "
-            "from growmem.continual.cli import main; main(['--stream', 'drifting_teacher'])")
+            "from growmem.app.continual import main; main(['--stream', 'drifting_teacher'])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert r.returncode != 0

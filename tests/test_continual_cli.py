@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
-from growmem.continual.cli import main  # noqa: E402
+from growmem.app.continual import main  # noqa: E402
 
 torch.set_num_threads(1)
 

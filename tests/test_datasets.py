@@ -568,7 +568,7 @@ def test_decompressed_idx_files_are_accepted_and_verified_too(tmp_path):
 # --------------------------------------------------------------------------- growmem data (the command)
 
 def _cli(capsys, *argv):
-    from growmem.cli import main
+    from growmem.app.cli import main
     code = main(list(map(str, argv)))
     out, err = capsys.readouterr()
     return code, out, err

@@ -28,7 +28,7 @@ def test_a_forked_command_exits_prints_and_computes_as_the_command_does(tmp_path
         ok = server.launch([*RUN, "--out", str(tmp_path / "a")])
         _, err = ok.communicate(timeout=300)
         assert ok.returncode == 0, err
-        fresh = subprocess.run([sys.executable, "-m", "growmem.cli", *RUN, "--out", str(tmp_path / "b")], env=ENV,
+        fresh = subprocess.run([sys.executable, "-m", "growmem.app.cli", *RUN, "--out", str(tmp_path / "b")], env=ENV,
                                capture_output=True, text=True, timeout=300)
         assert fresh.returncode == 0, fresh.stderr
         # a cache of its own: the programs it compiles are written there (and change nothing it computes)

@@ -46,7 +46,7 @@ SIZE_TEXT = st.one_of(
 @fuzz(COUNTS["sizes"])
 @given(SIZE_TEXT)
 def test_a_size_is_a_non_negative_byte_count_or_one_value_error(text):
-    from growmem.options import _size
+    from growmem.app.options import _size
 
     try:
         n = parse_size(text)
@@ -128,7 +128,7 @@ def test_a_preset_file_loads_or_is_refused_naming_the_file(tmp_path_factory, doc
 
 def _commands():
     """``{(command, ...): [option strings]}`` of every command of ``growmem``, read from its parser."""
-    from growmem.cli import build_parser
+    from growmem.app.cli import build_parser
 
     out = {}
 
@@ -183,7 +183,7 @@ def test_a_command_line_is_parsed_and_checked_or_refused_in_one_line_touching_no
     """``growmem``'s parse and pre-run checks (what ``main`` runs before a command): a growmem error or a
     namespace, no other exception, and no file or folder made."""
     from growmem import environment
-    from growmem.cli import build_parser
+    from growmem.app.cli import build_parser
 
     argv = [a.replace("{dir}", str(sandbox)) for a in argv]
     before = _tree(sandbox)

@@ -26,7 +26,7 @@ from growmem.train import NonFiniteLossError, fit
 from growmem.checkpoint import CheckpointError
 
 ENV = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-GROWMEM = [sys.executable, "-c", "import sys; from growmem.cli import main; sys.exit(main(sys.argv[1:]))"]
+GROWMEM = [sys.executable, "-c", "import sys; from growmem.app.cli import main; sys.exit(main(sys.argv[1:]))"]
 SMALL = ["--steps", "6", "--batch-size", "8", "--test-size", "32", "--eval-every", "3"]
 
 
@@ -483,7 +483,7 @@ def test_a_budget_and_a_temperature_are_refused_by_one_rule_at_every_entry_point
     from growmem.backends.tiered import Tiered
     from growmem.continual.learner import GrowmemLearner
     from growmem.errors import ConfigError
-    from growmem.options import _size
+    from growmem.app.options import _size
 
     budget = {
         "units.byte_budget": lambda b: units.byte_budget(b),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import growmem.repro as repro
-from growmem.cli import main
+from growmem.app.cli import main
 from growmem.repro import core, hybrid_capacity, multi_epoch, newton_steps, single_pass, table
 from growmem.repro.core import CONTRADICTED, INCONCLUSIVE, REPRODUCED
 from growmem.train import NonFiniteLossError

@@ -187,7 +187,7 @@ def test_growmem_train_on_two_processes_matches_one_process(tmp_path, distribute
     a single-process `growmem train`, checkpointing every process's shards."""
     import json
 
-    from growmem import cli
+    from growmem.app import cli
 
     small = ["--steps", "6", "--batch-size", "16", "--test-size", "64", "--eval-every", "3", "--blocks", "1"]
     assert cli.main(["train", *small, "--out", str(tmp_path / "one")]) == 0

@@ -126,7 +126,7 @@ def test_a_damaged_cold_chunk_points_the_resume_at_a_checkpoint_that_does_not_ho
 
 USAGE_WORKER = r"""
 import contextlib, io, json, sys
-from growmem.cli import main
+from growmem.app.cli import main
 cases = [["continual", "--checkpoint-every", "0"], ["continual", "--stream", "mnist"],
          ["continual", "--baselines", "naive,replay"], ["continual", "--seeds", "1,x"],
          ["continual", "--memory-budget", "0"], ["continual", "--resume"],

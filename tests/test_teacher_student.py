@@ -35,7 +35,7 @@ def test_teacher_matches_its_definition():
 
 def test_growmem_train_writes_metrics_and_plot(tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "growmem.cli", "train", "--steps", "12", "--batch-size", "16",
+    r = subprocess.run([sys.executable, "-m", "growmem.app.cli", "train", "--steps", "12", "--batch-size", "16",
                         "--eval-every", "6", "--test-size", "128", "--out", str(out)],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -49,7 +49,7 @@ def test_growmem_train_writes_metrics_and_plot(tmp_path):
 
 
 def test_growmem_train_rejects_bad_arguments(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "growmem.cli", "train", "--steps", "0", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "growmem.app.cli", "train", "--steps", "0", "--out", str(tmp_path)],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode != 0 and "--steps: must be a positive integer, got 0" in r.stderr
 

@@ -7,7 +7,7 @@ use, and a missing extra raises :class:`MissingExtraError` naming it.
 * :func:`run_continual` — growmem and Avalanche baselines on one stream, same data and seeds,
   accuracy matrix / forgetting / BWT / bytes, checkpoints and exact resume
   (:mod:`growmem.continual.runner`); ``growmem continual`` on the command line
-  (:mod:`growmem.continual.cli`).
+  (:mod:`growmem.app.continual`).
 * :func:`make_stream` / :data:`STREAMS` — Split-, Permuted-, Rotated-MNIST, Split-CIFAR10/100
   through Avalanche's generators, the embedded ``drifting_teacher``, or any Avalanche
   benchmark object (:mod:`growmem.continual.streams`).

@@ -1,14 +1,14 @@
 """What the ``growmem`` commands share before they import anything heavy: the argument parser that
 reports a bad option as one line, argparse types for bounded numbers, and the checks and claims of
-``--out`` / ``--checkpoint-dir`` (:mod:`growmem.locks`). ``growmem.cli`` and the sub-commands
-(``growmem.continual.cli``, ...) import them from here, so no command imports ``growmem.cli`` back."""
+``--out`` / ``--checkpoint-dir`` (:mod:`growmem.locks`). ``growmem.app.cli`` and the sub-commands
+(``growmem.app.continual``, ...) import them from here, so no command imports ``growmem.app.cli`` back."""
 from __future__ import annotations
 
 import argparse
 import math
 
-from .errors import CheckpointError, ConfigError, UsageError
-from .locks import LockedError, RunFolders, check_run_folder
+from growmem.errors import CheckpointError, ConfigError, UsageError
+from growmem.locks import LockedError, RunFolders, check_run_folder
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,7 +72,7 @@ SEED_MAX = 2 ** 31 - 1
 def _size(text):
     """An argparse type: a positive size (``512MB``, ``1.5GB``, ``4096``) in bytes
     (:func:`growmem.units.byte_budget`)."""
-    from .units import byte_budget
+    from growmem.units import byte_budget
 
     try:
         return byte_budget(str(text), what="a size")
@@ -82,7 +82,7 @@ def _size(text):
 
 def _temperature(text):
     """An argparse type: a kernel temperature (:func:`growmem.units.check_temperature`)."""
-    from .units import MIN_TEMPERATURE, check_temperature
+    from growmem.units import MIN_TEMPERATURE, check_temperature
 
     try:
         return check_temperature(float(text))

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import List, Optional
 
 
-from .errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
-from .options import SEED_MAX, _finite, _int, _Parser, _size, _temperature, check_folders, claim_folders  # noqa: F401  (shared with the commands)
+from growmem.errors import RunError, UsageError  # noqa: F401  (the commands raise them; main() reports them)
+from growmem.app.options import SEED_MAX, _finite, _int, _Parser, _size, _temperature, check_folders, claim_folders  # noqa: F401  (shared with the commands)
 
 
 # ------------------------------------------------------------------------------------- sizes
 
-from .units import parse_size  # noqa: E402
+from growmem.units import parse_size  # noqa: E402
 
 
 def _size_text(text):
@@ -126,8 +126,8 @@ def _make_task(name: str, args) -> _Task:
     import numpy as np
 
     if name == "teacher-student":
-        from .data.teacher_student import TeacherStudent
-        from .train import squared_error
+        from growmem.data.teacher_student import TeacherStudent
+        from growmem.train import squared_error
 
         ts = TeacherStudent(seed=args.seed)
         xt, yt = ts.test_set(args.test_size)
@@ -135,7 +135,7 @@ def _make_task(name: str, args) -> _Task:
         return _Task(ts.d_out, "squared_error", ts.batch, (xt, yt),
                      lambda p, y: float(squared_error(p, y)), "mse", {"target_variance": var},
                      f"target variance {var:.4e}")
-    from .data import mnist
+    from growmem.data import mnist
 
     try:
         x, y = mnist.load("train", args.data_dir, download=args.download)
@@ -184,7 +184,7 @@ def _backend(args):
     (rows split over devices), both (each device's share spills); None: in RAM."""
     tier = _tier(args)
     if args.shard or args.coordinator:
-        from .backends.sharded import Sharded, row_mesh
+        from growmem.backends.sharded import Sharded, row_mesh
 
         return Sharded(row_mesh(), tiered=tier)
     return tier
@@ -193,7 +193,7 @@ def _backend(args):
 def _tier(args):
     if args.ram_budget is None:
         return None
-    from .backends.tiered import Tiered
+    from growmem.backends.tiered import Tiered
 
     budget = parse_size(args.ram_budget)
     where = args.spill_dir or (Path(args.checkpoint_dir) / "cold" if args.checkpoint_dir is not None
@@ -216,7 +216,7 @@ def _tier(args):
 def _newest_intact(directory, steps) -> Optional[int]:
     """The newest of ``steps`` whose checkpoint verifies, its arrays and the cold rows it refers to (an older
     checkpoint refers to the same cold chunks as the damaged one up to its own row count), or None."""
-    from .checkpoint import CheckpointError, inspect
+    from growmem.checkpoint import CheckpointError, inspect
 
     for s in sorted(steps, reverse=True):
         try:
@@ -230,8 +230,8 @@ def _newest_intact(directory, steps) -> Optional[int]:
 def _spilled(directory) -> bool:
     """Does the latest checkpoint in ``directory`` refer to a cold tier (was the run started with
     --ram-budget)? True when that cannot be read: the resume itself then reports what is wrong."""
-    from .checkpoint.inspect import _tier_refs
-    from .checkpoint.manager import latest_meta
+    from growmem.checkpoint.inspect import _tier_refs
+    from growmem.checkpoint.manager import latest_meta
 
     try:
         meta = latest_meta(directory)
@@ -296,18 +296,18 @@ def cmd_train(args) -> int:
 def _train(args) -> int:
     import jax
 
-    from .runtime import keep_freed_memory
+    from growmem.runtime import keep_freed_memory
     keep_freed_memory()     # no page faults for the large buffers XLA allocates every step
 
-    from . import kernels, rules
-    from .layers import GrowingSpec, ResidualGrowingNet
-    from .reporting import pyplot, save_figure, write_json
-    from .train import NonFiniteLossError, Trainer, fit
+    from growmem import kernels, rules
+    from growmem.layers import GrowingSpec, ResidualGrowingNet
+    from growmem.reporting import pyplot, save_figure, write_json
+    from growmem.train import NonFiniteLossError, Trainer, fit
 
     _distributed(args)
     preset = None
     if args.policy is not None:
-        from .config import ConfigError, load
+        from growmem.config import ConfigError, load
         try:
             preset = load(args.policy)
         except ConfigError as e:
@@ -433,7 +433,7 @@ def _checkpoints(args, trainer, config):
     :func:`cmd_train`), restores with --resume."""
     if args.checkpoint_dir is None:
         return None, 0, None
-    from .checkpoint import CheckpointError, Checkpointer, CorruptCheckpointError
+    from growmem.checkpoint import CheckpointError, Checkpointer, CorruptCheckpointError
 
     ckpt = None
     try:
@@ -494,7 +494,7 @@ def _add_policies(sub):
 
 
 def cmd_policies(args) -> int:
-    from .config import PRESET_DIR, available
+    from growmem.config import PRESET_DIR, available
 
     if args.copy is not None:
         import shutil
@@ -538,7 +538,7 @@ def _add_storage(sub):
 def cmd_inspect(args) -> int:
     import json
 
-    from .checkpoint import format_inspect, inspect
+    from growmem.checkpoint import format_inspect, inspect
 
     info = inspect(args.dir, args.step)   # a CheckpointError (damaged, missing) is reported by main()
     print(json.dumps(info, indent=2) if args.json else format_inspect(info))
@@ -546,7 +546,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .checkpoint import export
+    from growmem.checkpoint import export
 
     desc = export(args.dir, args.npz, args.step)   # a CheckpointError (damaged, disk full) is reported by main()
     rows = {k: v["rows"] for k, v in desc["layers"].items()}
@@ -562,11 +562,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_policies(sub)
     _add_storage(sub)
-    from .data.cli import add_parser as add_data
+    from growmem.app.data import add_parser as add_data
     add_data(sub)
-    from .continual.cli import add_parser as add_continual
+    from growmem.app.continual import add_parser as add_continual
     add_continual(sub)
-    from .repro.cli import add_parser as add_repro
+    from growmem.app.repro import add_parser as add_repro
     add_repro(sub)
     return ap
 
@@ -587,7 +587,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         ap.print_help()
         return 2
-    from .errors import GrowmemError
+    from growmem.errors import GrowmemError
 
     # a failure is reported once, as one line: not also by the logs of the libraries underneath
     # (Orbax logs a failed save's traceback before raising it)
@@ -595,13 +595,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     who = f"growmem {args.command}"
     try:
-        from . import environment
+        from growmem import environment
         environment.check()
         if getattr(args, "check", None) is not None:
             args.check(args)        # what the command can refuse before it imports or loads anything
         if argv is None and args.command in ("train", "repro"):
             # a training command line (not an in-process call), checked: huge-page backed malloc, set at exec
-            from .runtime import exec_with_huge_pages
+            from growmem.runtime import exec_with_huge_pages
             exec_with_huge_pages()
         return args.func(args)
     except UsageError as e:
@@ -619,8 +619,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    # `python -m growmem.cli`: run the imported module's main, so that the subcommands' `from ..cli
-    # import UsageError` and this file's handlers name one class, not two
-    from growmem.cli import main as _main
-    sys.exit(_main())
+if __name__ == "__main__":      # python -m growmem.app.cli
+    sys.exit(main())

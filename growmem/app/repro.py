@@ -1,4 +1,4 @@
-"""``growmem repro``: the paper's experiments (registered by ``growmem/cli.py``).
+"""``growmem repro``: the paper's experiments (registered by ``growmem/app/cli.py``).
 
     growmem repro --list                                   every experiment, one line each
     growmem repro NAME --preset smoke|cpu|paper [--out DIR] [--data-dir D] [--download] [--resume]
@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``repro`` on an ``argparse`` subparsers object (``growmem/cli.py``)."""
-    from .core import DEFAULT_OUT, PRESETS
+    """Register ``repro`` on an ``argparse`` subparsers object (``growmem/app/cli.py``)."""
+    from growmem.repro.core import DEFAULT_OUT, PRESETS
 
     p = subparsers.add_parser(
         "repro", help="run one of the paper's experiments (smoke | cpu | paper preset) and write NAME.json + NAME.png",
@@ -39,11 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fail(message: str, code: int = 2) -> int:
-    """One line on stderr (``growmem repro: ...``): the last line a script sees names the problem.
-
-    Printed here rather than raised as ``growmem.cli.UsageError``: under ``python -m growmem.cli``
-    that module runs as ``__main__`` and ``from ..cli import UsageError`` is another class, which
-    its handler would not catch (a traceback instead of one line)."""
+    """One line on stderr (``growmem repro: ...``): the last line a script sees names the problem."""
     print(f"growmem repro: {' '.join(str(message).split())}", file=sys.stderr)
     return code
 
@@ -52,16 +48,16 @@ def cmd_repro(args) -> int:
     # OpenBLAS threads spin on a busy machine: a 784x784 Cholesky (Mesa's exact inverse, kernel ridge) took
     # 0.4 s with its default threads under load and 5 ms with one; JAX's own matrix products are unaffected
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from . import core, listing, names, run
+    from growmem.repro import core, listing, names, run
 
     if not (args.list or args.table):
-        from ..runtime import keep_freed_memory
+        from growmem.runtime import keep_freed_memory
         keep_freed_memory()     # no page faults for the large buffers XLA allocates every step
     if args.list:
         print(listing())
         return 0
     if args.table:
-        from .table import write_table
+        from growmem.repro.table import write_table
         path, text = write_table(args.out)
         print(text)
         print(f"wrote {path}")
@@ -75,8 +71,8 @@ def cmd_repro(args) -> int:
         return _fail(f"{args.name} needs --preset, one of {', '.join(core.PRESETS)}")
     if args.preset not in core.PRESETS:
         return _fail(f"unknown preset {args.preset!r}; valid presets: {', '.join(core.PRESETS)}")
-    from ..data import DatasetError
-    from ..train import NonFiniteLossError
+    from growmem.data import DatasetError
+    from growmem.train import NonFiniteLossError
 
     extra = [a for a, on in (("--download", args.download), ("--resume", args.resume)) if on]
     try:

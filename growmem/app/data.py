@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..options import _finite
-from . import datasets
+from growmem.app.options import _finite
+from growmem.data import datasets
 
 
 def _mb(n: int) -> str:
@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 
 
 def _usage(p) -> int:
-    from ..errors import UsageError
+    from growmem.errors import UsageError
     raise UsageError(f"choose an action: list, download or verify (see `{p.prog} --help`)")
 
 
@@ -74,7 +74,7 @@ def cmd_list(args) -> int:
 
 def cmd_download(args) -> int:
     if args.dir is not None:
-        from ..errors import UsageError
+        from growmem.errors import UsageError
         clash = next((p for p in (args.dir, *args.dir.parents) if p.exists() and not p.is_dir()), None)
         if clash is not None:
             raise UsageError(f"--dir {args.dir}: {clash} is a file, not a folder; pass a folder (it is made if "
@@ -87,7 +87,7 @@ def cmd_download(args) -> int:
     folder = datasets.download(args.name, st.target, mirrors=args.mirror, resume=True, timeout=args.timeout)
     bad = [(p, why) for p, why in datasets.verify(args.name, args.dir) if why is not None]
     if bad:  # a damaged file found elsewhere first, say
-        from ..errors import RunError
+        from growmem.errors import RunError
         raise RunError(f"{args.name}: {bad[0][0]}: {bad[0][1]}; delete it and run `growmem data download "
                        f"{args.name}` again")
     print(f"{args.name}: downloaded into {folder} (checksums verified)")
@@ -98,7 +98,7 @@ def cmd_verify(args) -> int:
     names = args.names or [n for n in datasets.names() if datasets.status(n, args.dir).found is not None]
     unknown = [n for n in names if n not in datasets.names()]
     if unknown:
-        from ..errors import UsageError
+        from growmem.errors import UsageError
         raise UsageError(f"unknown dataset {unknown[0]!r}; choose from {', '.join(datasets.names())}")
     if not names:
         print("no dataset found on this machine (`growmem data list` says where they would go; "
@@ -110,6 +110,6 @@ def cmd_verify(args) -> int:
             print(f"{n}: {path}: {'ok' if why is None else why}")
             failed += why is not None
     if failed:
-        from ..errors import RunError
+        from growmem.errors import RunError
         raise RunError(f"{failed} file(s) failed verification: delete them and run `growmem data download NAME`")
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from growmem.errors import ConfigError
-from growmem.options import SEED_MAX, _size
+from growmem.app.options import SEED_MAX, _size
 
 
 def _csv(text: str) -> List[str]:
@@ -53,8 +53,8 @@ def _distinct(names: List[str], what: str) -> List[str]:
 
 @_checked
 def stream(text: str) -> str:
-    from .errors import unknown
-    from .stream_names import STREAMS
+    from growmem.continual.errors import unknown
+    from growmem.continual.stream_names import STREAMS
 
     if text not in STREAMS:
         raise unknown("stream", text, STREAMS)
@@ -63,7 +63,7 @@ def stream(text: str) -> str:
 
 @_checked
 def presets(text: str) -> List[str]:
-    from .methods import resolve
+    from growmem.continual.methods import resolve
 
     names = _distinct(_csv(text), "preset")
     for p in names:
@@ -73,7 +73,7 @@ def presets(text: str) -> List[str]:
 
 @_checked
 def baselines(text: str) -> List[str]:
-    from .methods import resolve
+    from growmem.continual.methods import resolve
 
     if text.strip().lower() == "none":
         return []
@@ -85,7 +85,7 @@ def baselines(text: str) -> List[str]:
 
 @_checked
 def methods(text: str) -> List[str]:
-    from .methods import resolve_all
+    from growmem.continual.methods import resolve_all
 
     names = _csv(text)
     resolve_all(names)        # an unknown name lists the valid ones; a name given twice is refused
@@ -111,10 +111,10 @@ def seeds(text: str) -> List[int]:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``continual`` on an ``argparse`` subparsers object (``growmem/cli.py``)."""
-    from growmem.options import _int
+    """Register ``continual`` on an ``argparse`` subparsers object (``growmem/app/cli.py``)."""
+    from growmem.app.options import _int
 
-    from .errors import EXTRA_INSTALL
+    from growmem.continual.errors import EXTRA_INSTALL
 
     positive = _int(1, "a positive integer")
     p = subparsers.add_parser(
@@ -182,15 +182,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def check_continual(args):
-    """What needs the folders, before anything is imported or written (``growmem.options.check_folders``):
+    """What needs the folders, before anything is imported or written (``growmem.app.options.check_folders``):
     a --checkpoint-dir another command wrote, or with --resume one that holds no run; --out."""
-    from growmem.options import check_folders
+    from growmem.app.options import check_folders
 
     if args.methods is not None and (args.policy is not None or args.baselines is not None):
         from growmem.errors import UsageError
         raise UsageError("--methods names every method of the run: give it alone, without --policy or --baselines")
     check_folders("continual", args.checkpoint_dir, args.resume, args.out)
-    from .stream_names import MNIST_FAMILY
+    from growmem.continual.stream_names import MNIST_FAMILY
 
     if args.stream in MNIST_FAMILY and not args.download:
         # before torch and Avalanche are imported (seconds): the files are found the way the stream finds them
@@ -205,7 +205,7 @@ def check_continual(args):
 
 
 def _methods(args) -> List[str]:
-    from .runner import DEFAULT_BASELINES, DRIFT_GROWMEM, GROWMEM
+    from growmem.continual.runner import DEFAULT_BASELINES, DRIFT_GROWMEM, GROWMEM
 
     if args.methods is not None:
         return list(args.methods)
@@ -234,12 +234,12 @@ def runner_kwargs(args) -> dict:
 
 
 def cmd_continual(args) -> int:
-    """Claims --out and --checkpoint-dir (``growmem.options.claim_folders``: a second run writing the
+    """Claims --out and --checkpoint-dir (``growmem.app.options.claim_folders``: a second run writing the
     same results at the same time is refused at once), then imports torch and Avalanche and runs."""
     from growmem.errors import UsageError
-    from growmem.options import claim_folders
+    from growmem.app.options import claim_folders
 
-    from .errors import (DatasetNotFoundError, InputShapeError, MissingExtraError, UnknownNameError,
+    from growmem.continual.errors import (DatasetNotFoundError, InputShapeError, MissingExtraError, UnknownNameError,
                          require_avalanche)
 
     with claim_folders("continual", args.checkpoint_dir, args.resume, args.out):
@@ -253,7 +253,7 @@ def cmd_continual(args) -> int:
         from growmem.config import ConfigError
         from growmem.errors import CheckpointError
 
-        from .runner import run_continual
+        from growmem.continual.runner import run_continual
 
         try:
             run_continual(**runner_kwargs(args))
@@ -263,10 +263,10 @@ def cmd_continual(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m growmem.continual.cli``: ``growmem continual`` alone; a failure is one line
+    """``python -m growmem.app.continual``: ``growmem continual`` alone; a failure is one line
     (``SystemExit`` with the message)."""
     from growmem.errors import UsageError
-    from growmem.options import _Parser
+    from growmem.app.options import _Parser
     from growmem.errors import GrowmemError
 
     ap = _Parser(prog="growmem")
