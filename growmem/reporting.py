@@ -127,7 +127,7 @@ def pyplot():
     return plt
 
 
-# --------------------------------------------------------------------------- mean ± std, and ties
+# --------------------------------------------------------------------------- progress
 
 def progress_bar(total, desc: str, *, initial: int = 0, unit: str = "step", leave: bool = True,
                  enabled: bool = True):
@@ -141,6 +141,8 @@ def progress_bar(total, desc: str, *, initial: int = 0, unit: str = "step", leav
     return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, leave=leave,
                 file=sys.stderr, disable=False if force else None)
 
+
+# --------------------------------------------------------------------------- mean ± std, and ties
 
 def mean_std(values: Sequence[float]) -> Dict[str, Any]:
     """``{"mean", "std", "n", "values"}``: ``std`` is the sample standard deviation (ddof = 1; 0.0 for a
