@@ -318,8 +318,10 @@ def _preset_value(stream: str, method: str, key: str):
 
 @renderer("frontier_untuned", "continual_frontier.json", "continual_frontier_tune.json")
 def render_frontier_untuned(doc, tune) -> str:
-    """What the frontier still lacks: the preset's cells with fewer than 5 seeds, and the rows whose runs did not take the setting the validation grid now chooses at their
-    stream and budget (a grid tuned or extended after they ran): what they ran with, what was chosen."""
+    """What the frontier still lacks: the preset's cells with fewer than 5 seeds, the validation grids with
+    points not run (the tuning file's ``pending``), and the rows whose runs did not take the setting the
+    validation grid now chooses at their stream and budget (a grid tuned or extended after they ran): what they
+    ran with, what was chosen."""
     chosen = {(st, int(b), m): e["chosen"] for st, by_budget in tune["streams"].items()
               for b, ms in by_budget.items() for m, e in ms.items()}
     rows = {}
@@ -348,6 +350,13 @@ def render_frontier_untuned(doc, tune) -> str:
                 if short:
                     missing.append([f"{st}, {protocol}, {mb(b)} MB", ", ".join(short)])
     out += table(["stream, protocol, budget", "methods (seeds run)"], missing) if missing else "None.\n"
+    out += ("\n**Validation grids not run through** (points of the benchmark's grid never run, or run only on "
+            "another version of the method's preset; the method's runs there take its preset's or an earlier "
+            "choice)\n\n")
+    left = [[f"{p['stream']}, {p['protocol']}, {mb(p['budget'])} MB", f"`{p['method']}`",
+             f"{p['never_run']} never run, {p['stale']} stale, of {p['of']}"] for p in tune["pending"]]
+    out += table(["stream, protocol, budget", "method", "points left"], left) if left else \
+        "None: every grid ran all its points.\n"
     out += ("\n**Rows run before their grid chose another setting** (tuned or extended after they ran; "
             "rerunning them is next)\n\n")
     if not rows:

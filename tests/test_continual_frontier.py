@@ -409,6 +409,31 @@ def test_a_stale_copy_of_a_tuning_file_cannot_bring_old_points_back(tmp_path):
     assert e["chosen"] == {"overrides": {"policy.0.tau": 0.1}}
 
 
+def test_the_tuning_file_counts_the_grid_points_left_to_run():
+    """``pending_points``: a point never run, and one run only on another version of the preset, are left; a
+    point run before digests were recorded and one that failed (over the budget) are not (as the choice
+    counts them); a grid run through is not listed, nor one of another stream's methods."""
+    from growmem.continual.methods import preset_digest, resolve
+
+    cf = _frontier()
+    smoke = cf.PRESETS["smoke"]
+    now = preset_digest(resolve("target:dct_merge", "split_mnist"))
+    pt = lambda n, **kw: {"settings": {"overrides": {"keys.n": n}}, "accuracy": 0.9, "within_budget": True, **kw}
+    merge = [pt(8, preset_digest=now), pt(10, preset_digest="0" * 16), pt(12), {**pt(14), "accuracy": None}]
+    knn = [{"settings": {"overrides": {"k": k}}, "accuracy": 0.8, "within_budget": True} for k in (1, 3, 5)]
+    doc = {"streams": {"split_mnist": {"200000": {"target:dct_merge": {"results": merge},
+                                                  "knn:dct": {"results": knn}}}}}
+    left = {(p["stream"], p["budget"], p["protocol"], p["method"]): (p["never_run"], p["stale"], p["of"])
+            for p in cf.pending_points(doc, smoke)}
+    assert left[("split_mnist", 200_000, "online", "target:dct_merge")] == (1, 1, 5)
+    assert ("split_mnist", 200_000, "online", "knn:dct") not in left
+    assert left[("split_mnist", 500_000, "online", "knn:dct")] == (3, 0, 3)
+    assert left[("split_mnist", 200_000, "offline", "replay_bytes")] == (5, 0, 5)   # 1 to 100 epochs below 0.3 MB
+    assert not any(m == "target:dct_merge" and st != "split_mnist" for st, _, _, m in left)
+    assert set(left) == {(st, b, pr, m) for pr in cf.PROTOCOLS for st in smoke["streams"] for b in (200_000, 500_000)
+                         for m in cf.grids(smoke, st, pr)} - {("split_mnist", 200_000, "online", "knn:dct")}
+
+
 def test_offline_tuning_chooses_replays_epochs_and_justifies_only_the_edge_it_cannot_pass(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
            "split_mnist", "--protocol", "offline", "--methods", "replay_bytes", "--budgets", "0.5MB", "--tune",
@@ -439,7 +464,7 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     cpu = cf.PRESETS["cpu"]
     # Split-MNIST's DCT learners are not tuned on the domain-incremental streams, nor theirs on Split-MNIST
     perm, split = cf.grids(cpu, "permuted_mnist", "online"), cf.grids(cpu, "split_mnist", "online")
-    assert {"target:proj_merge", "knn:proj", "er_balanced:proj", "er_balanced:raw"} == set(perm)
+    assert {"target:proj_merge", "knn:proj", "er_balanced:proj", "er_balanced:raw", "er_reservoir:raw"} == set(perm)
     assert "target:dct_merge" in split and not {"target:proj_merge", "knn:proj"} & set(split)
     assert set(cf.grids(cpu, "rotated_mnist", "offline")) == {"replay_bytes"}
     assert set(cf.grids(cpu, "permuted_mnist", "online", "knn:proj,knn:dct")) == {"knn:proj"}
@@ -447,6 +472,10 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     dims = [p["overrides"]["keys.dim"] for p in perm["target:proj_merge"](1_000_000, "permuted_mnist")]
     assert min(dims) < 100 < max(dims)
     assert [p["overrides"]["k"] for p in perm["knn:proj"](3_000_000, "permuted_mnist")] == [1, 3, 5, 10]
+    # online replay's width: the rule's inside, down to an eighth of it (a narrower model, a larger buffer)
+    h = B.er_width(1_000_000, 784, 10)
+    assert [p["hidden_size"] for p in perm["er_reservoir:raw"](1_000_000, "permuted_mnist")] == \
+        [h // 8, h // 4, h // 2, h, 2 * h]
 
 
 def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):

@@ -294,7 +294,7 @@ def test_prose_has_no_hand_typed_measurements(path):
 
 def test_the_frontier_lists_rows_that_ran_another_setting_than_their_grid_chooses():
     """A run without an override took its preset's value: listed only where the grid chose another one; a
-    cell short of 5 seeds is listed with the seeds it has."""
+    cell short of 5 seeds is listed with the seeds it has; a grid with points left, with their counts."""
     import tomllib
 
     from growmem import config
@@ -309,8 +309,12 @@ def test_the_frontier_lists_rows_that_ran_another_setting_than_their_grid_choose
            "runs": [run(1, s, {}) for s in range(5)] + [run(2, s, {}) for s in range(5)]
            + [run(3, s, {"keys.dim": 2 * dim}) for s in range(3)]}
     tune = {"streams": {"permuted_mnist": {str(b): {"target:proj_merge": {"chosen": {"overrides": {"keys.dim": d}}}}
-                                           for b, d in ((1, dim), (2, 2 * dim), (3, 2 * dim))}}}
+                                           for b, d in ((1, dim), (2, 2 * dim), (3, 2 * dim))}},
+            "pending": [{"stream": "permuted_mnist", "budget": 300_000, "protocol": "online", "method": "knn:proj",
+                         "never_run": 2, "stale": 1, "of": 4}]}
     text = render.render_frontier_untuned(doc, tune)
+    assert "| permuted_mnist, online, 0.30 MB | `knn:proj` | 2 never run, 1 stale, of 4 |" in text
+    assert "every grid ran all its points" in render.render_frontier_untuned(doc, {**tune, "pending": []})
     assert "| permuted_mnist, online, 0.00 MB | `target:proj_merge` (3) |" in text          # budget 3: 3 seeds
     listed = [ln for ln in text.splitlines() if f'`{{"keys.dim": {2 * dim}}}`' in ln]
     assert len(listed) == 1 and f'`{{"keys.dim": {dim}}}`' in listed[0] and listed[0].endswith("| 5 |")
