@@ -316,6 +316,17 @@ def _preset_value(stream: str, method: str, key: str):
     return doc.get(head, {}).get(rest[0])
 
 
+def _run_setting(config: dict, key: str):
+    """A baseline run's setting ``key`` as its recorded config says: the key itself, or for ``hidden_size``
+    (recorded as a key since round 4) the width in its recorded model (``SimpleMLP(1 x 32, ...)``)."""
+    if key == "hidden_size" and key not in config:
+        found = re.search(r"MLP\((?:\d+ x )?(\d+)", config["model"])
+        if found is None:
+            raise KeyError(f"hidden_size: neither recorded nor in the model {config['model']!r}")
+        return int(found.group(1))
+    return config[key]
+
+
 @renderer("frontier_untuned", "continual_frontier.json", "continual_frontier_tune.json")
 def render_frontier_untuned(doc, tune) -> str:
     """What the frontier still lacks: the preset's cells with fewer than 5 seeds, the validation grids with
@@ -335,7 +346,7 @@ def render_frontier_untuned(doc, tune) -> str:
             ran = {k: over[k] if k in over else _preset_value(r["stream"], r["method"], k) for k in want}
         else:
             want = dict(c.items())
-            ran = {k: r["config"][k] for k in want}
+            ran = {k: _run_setting(r["config"], k) for k in want}
         if ran != want:
             key = (r["stream"], r["protocol"], r["method"], r["budget"])
             rows.setdefault(key, [json.dumps(ran, sort_keys=True), json.dumps(want, sort_keys=True), 0])[2] += 1

@@ -315,6 +315,14 @@ def test_the_frontier_lists_rows_that_ran_another_setting_than_their_grid_choose
     text = render.render_frontier_untuned(doc, tune)
     assert "| permuted_mnist, online, 0.30 MB | `knn:proj` | 2 never run, 1 stale, of 4 |" in text
     assert "every grid ran all its points" in render.render_frontier_untuned(doc, {**tune, "pending": []})
+    # a baseline's width: recorded as hidden_size, or (runs before it was) in the recorded model
+    er = lambda seed, config: {"stream": "split_mnist", "protocol": "online", "method": "er_reservoir:raw",
+                               "budget": 1, "seed": seed, "config": config}
+    doc["runs"] = [er(1, {"model": "SimpleMLP(1 x 32, drop_rate=0.0)"}), er(2, {"model": "x", "hidden_size": 16}),
+                   er(3, {"model": "SimpleMLP(1 x 16, drop_rate=0.0)"})]
+    tune["streams"] = {"split_mnist": {"1": {"er_reservoir:raw": {"chosen": {"hidden_size": 16}}}}}
+    listed = [ln for ln in render.render_frontier_untuned(doc, tune).splitlines() if "er_reservoir:raw" in ln]
+    assert len(listed) == 1 and '`{"hidden_size": 32}`' in listed[0] and listed[0].endswith("| 1 |")
     assert "| permuted_mnist, online, 0.00 MB | `target:proj_merge` (3) |" in text          # budget 3: 3 seeds
     listed = [ln for ln in text.splitlines() if f'`{{"keys.dim": {2 * dim}}}`' in ln]
     assert len(listed) == 1 and f'`{{"keys.dim": {dim}}}`' in listed[0] and listed[0].endswith("| 5 |")

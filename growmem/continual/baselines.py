@@ -451,7 +451,7 @@ def describe(name: str, stream, epochs: Optional[int] = None, settings: Optional
     s = recipe(name, stream.name, settings)
     model = (f"GDumbMLP({s['hidden_size']}, batch norm)" if s["model"] == "gdumb_mlp"
              else f"SimpleMLP({s['hidden_layers']} x {s['hidden_size']}, drop_rate={s['drop_rate']})")
-    out = {"model": model + (", a head per task" if stream.task_incremental else ""),
+    out = {"model": model + (", a head per task" if stream.task_incremental else ""), "hidden_size": s["hidden_size"],
            "optimizer": f"SGD(lr={s['lr']}, momentum={s['momentum']}, weight_decay={s['weight_decay']})",
            "schedule": s["schedule"], "clip": s["clip"], "train_mb_size": s["train_mb_size"],
            "epochs": epochs_of(name, stream.name, epochs, settings)}
