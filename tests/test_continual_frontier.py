@@ -158,13 +158,17 @@ def test_budget_matched_replay_and_gdumb_narrow_their_model_to_half_the_budget()
         baseline_settings_for(m, stream, {}, 20_000, 785)
 
 
-def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tmp_path):
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke",
-           "--streams", "split_mnist", "--methods", "target:dct_merge,er_balanced:dct", "--budgets", "0.2MB"]
-    for part, seeds in (("a", "1,2"), ("b", "3")):
-        proc = subprocess.run(cmd + ["--seeds", seeds, "--out", str(tmp_path / part)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tmp_path, capsys):
+    """The script runs as a command (part a); the other parts call its ``main`` in this interpreter (an
+    interpreter's start and imports cost more than the smoke runs)."""
+    args = ["--preset", "smoke", "--streams", "split_mnist", "--methods", "target:dct_merge,er_balanced:dct",
+            "--budgets", "0.2MB"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), *args]
+    proc = subprocess.run(cmd + ["--seeds", "1,2", "--out", str(tmp_path / "a")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cf = _frontier()
+    cf.main(args + ["--seeds", "3", "--out", str(tmp_path / "b")])
     doc = json.loads((tmp_path / "a" / "continual_frontier.json").read_text())
     rows = doc["summary"]["split_mnist"]["200000"]
     assert set(rows) == {"target:dct_merge", "er_balanced:dct"} and doc["protocol"] == "online"
@@ -185,27 +189,22 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     from growmem.reporting import host
     assert all(r["host"] == host() for r in doc["runs"])        # each run says which CPU it ran on
     assert (tmp_path / "a" / "continual_frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    proc = subprocess.run(cmd + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json"),
-                                 str(tmp_path / "b" / "continual_frontier.json")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cf.main(args + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json"),
+                    str(tmp_path / "b" / "continual_frontier.json")])
     both = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
     assert both["summary"]["split_mnist"]["200000"]["er_balanced:dct"]["seeds"] == [1, 2, 3]
     assert len(both["invocations"]) == 3
     # combining a file whose runs are already in: its history is not repeated, only this invocation added
-    proc = subprocess.run(cmd + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cf.main(args + ["--out", str(tmp_path / "c"), "--combine", str(tmp_path / "a" / "continual_frontier.json")])
     again = json.loads((tmp_path / "c" / "continual_frontier.json").read_text())
     assert [i["command"] for i in again["invocations"][:3]] == [i["command"] for i in both["invocations"]]
     assert len(again["invocations"]) == 4 and again["summary"] == both["summary"]
     # the offline protocol merged beside the online runs: its own table and verdicts, the online ones untouched
-    off = [sys.executable, str(ROOT / "benchmarks" / "continual_frontier.py"), "--preset", "smoke", "--streams",
-           "split_mnist", "--protocol", "offline", "--budgets", "0.2MB", "--seeds", "3", "--merge",
-           "--out", str(tmp_path / "b")]
     before = json.loads((tmp_path / "b" / "continual_frontier.json").read_text())
-    proc = subprocess.run(off, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    capsys.readouterr()
+    cf.main(["--preset", "smoke", "--streams", "split_mnist", "--protocol", "offline", "--budgets", "0.2MB", "--seeds",
+             "3", "--merge", "--out", str(tmp_path / "b")])
+    stdout = capsys.readouterr().out
     doc = json.loads((tmp_path / "b" / "continual_frontier.json").read_text())
     assert doc["summary"] == before["summary"] and doc["verdicts"] == before["verdicts"]
     rows = doc["offline"]["summary"]["split_mnist"]["200000"]
@@ -218,7 +217,7 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     assert runs["target:dct_merge"]["config"]["batch_size"] == 32       # the preset's own batch, not the online 10
     online_target = [r for r in doc["runs"] if r["protocol"] == "online" and r["method"] == "target:dct_merge"]
     assert len(online_target) == 1 and online_target[0]["config"]["batch_size"] == 10
-    assert "offline (batch" not in proc.stdout and "split_mnist, offline (epochs per experience)" in proc.stdout
+    assert "offline (batch" not in stdout and "split_mnist, offline (epochs per experience)" in stdout
     sys.path.insert(0, str(ROOT / "docs"))
     import render
     text = render.render_continual_frontier(doc)

@@ -19,6 +19,15 @@ def _run(out, runs, *extra):
     return res.stdout, json.loads((out / "single_pass.json").read_text())
 
 
+def _run_here(out, runs, *extra):
+    """The benchmark's ``main`` in this interpreter (an interpreter's start and imports cost more than a smoke
+    run): for the merging invocations after a first one run as a command."""
+    from conftest import benchmark
+
+    benchmark("single_pass").main(["--preset", "smoke", "--runs", runs, "--out", str(out), *extra])
+    return json.loads((out / "single_pass.json").read_text())
+
+
 def test_single_pass_smoke_writes_the_floor_the_capped_ratio_and_merges_runs(tmp_path):
     out, doc = _run(tmp_path, "weighted_softmax,capped")
     s = doc["summary"]
@@ -46,14 +55,14 @@ def test_single_pass_smoke_writes_the_floor_the_capped_ratio_and_merges_runs(tmp
     png = tmp_path / "single_pass.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    _, merged = _run(tmp_path, "gauge", "--merge")
+    merged = _run_here(tmp_path, "gauge", "--merge")
     m = merged["summary"]
     assert m["wall_s"] == s["wall_s"] and m["capped"] == c            # the first invocation's runs are kept
     assert 0 < m["gauge"]["accuracy"] <= 1 and m["gauge"]["wall_s"] > 0
     assert [i["runs"] for i in merged["invocations"]] == [["weighted_softmax", "capped"], ["gauge"]]
 
     # the indexed pass (issue 31): the same preset read through an inverted-file index, merged in
-    _, merged = _run(tmp_path, "indexed", "--merge")
+    merged = _run_here(tmp_path, "indexed", "--merge")
     ix = merged["summary"]["indexed"]
     assert 0 < ix["accuracy"] <= 1 and ix["wall_s"] > 0 and ix["index"] == {"n_lists": 8, "nprobe": 2, "train_at": 128}
     assert merged["summary"]["gauge"] == m["gauge"]
