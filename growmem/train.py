@@ -352,7 +352,7 @@ class Trainer:
     ``{"layer/path": policy}`` dict, or a function of the layer path (None: append every
     candidate). ``backend``: where the rows live (:mod:`growmem.backends`: ``RAM()`` by default,
     ``Sharded(mesh)``, ``Tiered(directory, ram_budget_bytes=...)``, or
-    ``Sharded(mesh, tiered=...)``), one for all layers or a dict per layer.
+    ``Sharded(mesh, inner=Tiered(...))``), one for all layers or a dict per layer.
     A growing layer may see several queries per input (a ViT's FFN sees every token): each
     memory makes room for ``B ×`` its rows per input a step (:func:`rows_per_input`, read from
     the sown query shapes of ``sample_input``, else of the first batch).

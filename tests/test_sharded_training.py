@@ -84,6 +84,7 @@ SPILLING = textwrap.dedent("""
     from growmem.backends.sharded import Sharded
     from growmem.backends.tiered import Tiered, row_bytes
     from growmem.checkpoint import Checkpointer
+    from growmem.errors import CheckpointError
 
     assert len(jax.devices()) == 4
     B, D, STEPS, CHUNK = 32, 8, 60, 128
@@ -98,7 +99,7 @@ SPILLING = textwrap.dedent("""
     # per shard: at most 256 hot rows of each layer; the rest spills to that shard's own tier
     tier = Tiered(os.path.join(sys.argv[1], "cold"), ram_budget_bytes=256 * (row_bytes(D, D) + row_bytes(D, 2)),
                   chunk_rows=CHUNK)
-    tr = Trainer(model, loss="squared_error", sample_input=x[:1], policy=pol(), backend=Sharded(tiered=tier))
+    tr = Trainer(model, loss="squared_error", sample_input=x[:1], policy=pol(), backend=Sharded(inner=tier))
     for i in range(STEPS):
         ref.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
         tr.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
@@ -113,7 +114,7 @@ SPILLING = textwrap.dedent("""
     # (the budget used to be checked only once a shard's block was full: nothing spilled)
     big = Trainer(ResidualGrowingNet(d_out=2, n_blocks=1, block=spec, readout=spec, capacity=4096),
                   loss="squared_error", sample_input=x[:1], policy=pol(),
-                  backend=Sharded(tiered=Tiered(os.path.join(sys.argv[1], "cold_big"),
+                  backend=Sharded(inner=Tiered(os.path.join(sys.argv[1], "cold_big"),
                                                 ram_budget_bytes=tier.ram_budget_bytes, chunk_rows=CHUNK)))
     for i in range(STEPS):
         big.step(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
@@ -135,9 +136,16 @@ SPILLING = textwrap.dedent("""
     with Checkpointer(os.path.join(sys.argv[1], "ckpt")) as c:
         c.save(tr)
         again = Trainer(model, loss="squared_error", sample_input=x[:1], policy=pol(),
-                        backend=Sharded(tiered=Tiered(os.path.join(sys.argv[1], "cold"), resume=True,
+                        backend=Sharded(inner=Tiered(os.path.join(sys.argv[1], "cold"), resume=True,
                                                       ram_budget_bytes=tier.ram_budget_bytes, chunk_rows=CHUNK)))
         c.restore(again)
+        # into a sharded backend that keeps every row in RAM, the rows on the tiers would be lost: refused
+        lost = Trainer(model, loss="squared_error", sample_input=x[:1], policy=pol(), backend=Sharded())
+        try:
+            c.restore(lost)
+            raise AssertionError("a checkpoint with disk tiers restored into an all-in-RAM Sharded backend")
+        except CheckpointError as e:
+            assert "inner=Tiered" in str(e), e
     np.testing.assert_array_equal(np.asarray(again.predict(xt)), ps)
     assert again.cold_rows() == cold
     print("spilling shards ok", tr.rows_in_use(), cold)

@@ -186,7 +186,7 @@ def _backend(args):
     if args.shard or args.coordinator:
         from growmem.backends.sharded import Sharded, row_mesh
 
-        return Sharded(row_mesh(), tiered=tier)
+        return Sharded(row_mesh(), inner=tier)
     return tier
 
 
@@ -336,8 +336,8 @@ def _train(args) -> int:
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k not in ("func", "check")}
     run_config = {k: v for k, v in config.items() if k not in RUN_CONTROL}
     ckpt, start, extra = _checkpoints(args, trainer, run_config)
-    tier = getattr(backend, "tiered", backend)
-    if tier is not None:
+    tier = getattr(backend, "inner", backend)       # where a Sharded backend's shards keep rows, or the backend
+    if getattr(tier, "hot_rows_per_layer", None) is not None:       # a RAM budget: a tier on disk
         print(f"rows past {args.ram_budget} spill to {tier.directory} "
               f"({tier.hot_rows_per_layer} hot rows per layer{' and device' if tier is not backend else ''})")
     if getattr(backend, "n_shards", 1) > 1:

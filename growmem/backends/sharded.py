@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import kernels
 from .. import memory as memlib
-from ..errors import ConfigError, ConfigMismatchError
+from ..errors import CheckpointError, ConfigError, ConfigMismatchError
 from . import RAM, _temperature
 
 PLACEMENTS = ("round_robin", "least_filled")
@@ -91,25 +91,60 @@ def host_value(a) -> np.ndarray:
     return np.asarray(a)
 
 
+@dataclasses.dataclass(frozen=True)
+class InRAM:
+    """Every row of a shard in RAM: what :class:`Sharded` holds inside without a tier (``inner=None``). It
+    answers the per-shard calls a :class:`growmem.backends.tiered.Tiered` answers, with no RAM budget and
+    nothing to spill, count, save or restore."""
+
+    hot_rows_per_layer = None   # no RAM budget: a shard's block grows as its rows do
+
+    def register(self, mem, name: str):
+        return None
+
+    def attach_shards(self, sharded, mem, name: str):
+        return mem
+
+    def spill_shards(self, sharded, mem, extra: int):
+        return None
+
+    def cold_rows_total(self, mem) -> int:
+        return 0
+
+    def shard_cold_rows(self, mem, shard: int):
+        return None
+
+    def save_shards(self, sharded, mem, name: str):
+        return None
+
+    def restore_shards(self, sharded, mem, name, refs):
+        if refs is not None:      # its cold rows would be lost
+            raise CheckpointError(f"layer {name} was saved with its older rows on disk tiers: restore it into "
+                                  f"Sharded(inner=Tiered(...)), not an all-in-RAM Sharded backend")
+        return mem
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Sharded(RAM):
     """Rows split over the devices of ``mesh`` along ``axis`` (module docstring).
 
-    ``placement``: ``round_robin`` | ``least_filled``. ``tiered``: a
-    :class:`growmem.backends.tiered.Tiered` whose RAM budget applies to every shard: each shard
-    keeps its newest rows on its device and spills the rest to its own disk tier
-    (``directory/<layer>/shard-<s>``); retrieval merges hot and cold partials on each shard,
-    then across shards, with the same rule.
+    ``placement``: ``round_robin`` | ``least_filled``. ``inner``: where each shard keeps its rows — all
+    in RAM (:class:`InRAM`, the default), or a :class:`growmem.backends.tiered.Tiered` whose RAM budget
+    applies to every shard: each shard keeps its newest rows on its device and spills the rest to its
+    own disk tier (``directory/<layer>/shard-<s>``); retrieval merges hot and cold partials on each
+    shard, then across shards, with the same rule.
     """
 
     mesh: Any = None
     axis: str = "rows"
     placement: str = "round_robin"
-    tiered: Any = None
+    inner: Any = None
 
     name = "sharded"
 
     def __post_init__(self):
+        if self.inner is None:
+            object.__setattr__(self, "inner", InRAM())
         if self.mesh is None:
             object.__setattr__(self, "mesh", row_mesh(axis=self.axis))
         if self.placement not in PLACEMENTS:
@@ -118,14 +153,14 @@ class Sharded(RAM):
             raise ConfigError(f"the mesh has axes {tuple(self.mesh.shape)}, not {self.axis!r}")
 
     def __repr__(self):
-        return f"Sharded({self.n_shards} shards, {self.placement}{', tiered' if self.tiered else ''})"
+        return f"Sharded({self.n_shards} shards, {self.placement}{'' if isinstance(self.inner, InRAM) else ', tiered'})"
 
     def __eq__(self, other):
         return (type(other) is type(self) and other.mesh == self.mesh and other.axis == self.axis
-                and other.placement == self.placement and other.tiered == self.tiered)
+                and other.placement == self.placement and other.inner == self.inner)
 
     def __hash__(self):
-        return hash((type(self), self.mesh, self.axis, self.placement, self.tiered))
+        return hash((type(self), self.mesh, self.axis, self.placement, self.inner))
 
     @property
     def n_shards(self) -> int:
@@ -158,14 +193,14 @@ class Sharded(RAM):
         axis, spec = self.axis, mem.spec
         temperature = _temperature(mem)
         chunk = spec.chunk if spec is not None else kernels.DEFAULT_CHUNK
-        tier = self.tiered
-        cold = mem.ext.get("cold") if isinstance(mem.ext, dict) else None
+        tier = self.inner
+        cold = mem.ext.get("cold") if isinstance(mem.ext, dict) else None     # a tier's rows on disk, if any
 
         def local(q, w, k, v, born, size, t, *cold_args):
             coeff = None if coeff_fn is None else coeff_fn(born, t)
             p = kernels.reduce(kern, q, k, v, w, temperature=temperature, coeff=coeff, size=size[0], chunk=chunk,
                                row_grads=row_grads)
-            if tier is not None and cold is not None:
+            if cold is not None:
                 shard = lax.axis_index(axis)
                 p = kernels.merge(tier.cold_partial(kern, cold_args[0], shard, q, t, coeff_fn, temperature), p)
             return kernels.merge_across(p, axis)
@@ -173,23 +208,23 @@ class Sharded(RAM):
         row = P(axis)
         args = [q, mem.w, mem.k, mem.v, mem.born, mem.size, mem.t]
         specs = [P(), row, row, row, row, row, P()]
-        if tier is not None and cold is not None:
+        if cold is not None:
             args.append(cold)
             specs.append(row)
         return self._shard_map(local, tuple(specs), P())(*args)
 
     def min_sq_distance(self, mem, q, chunk: int = kernels.NOVELTY_CHUNK):
-        axis, tier = self.axis, self.tiered
+        axis, tier = self.axis, self.inner
         cold = mem.ext.get("cold") if isinstance(mem.ext, dict) else None
 
         def local(q, k, size, *cold_args):
             d2 = kernels.min_sq_distance(q, k, size=size[0], chunk=chunk)
-            if tier is not None and cold is not None:
+            if cold is not None:
                 d2 = jnp.minimum(d2, tier.cold_min_sq_distance(cold_args[0], lax.axis_index(axis), q))
             return lax.pmin(d2, axis)
 
         args, specs = [q, mem.k, mem.size], [P(), P(axis), P(axis)]
-        if tier is not None and cold is not None:
+        if cold is not None:
             args.append(cold)
             specs.append(P(axis))
         return self._shard_map(local, tuple(specs), P())(*args)
@@ -289,8 +324,7 @@ class Sharded(RAM):
         return jax.make_array_from_callback(a.shape, sh, lambda idx, a=host_value(a): a[idx], dtype=a.dtype)
 
     def register(self, mem, name: str = "memory"):
-        if self.tiered is not None:
-            self.tiered.register(mem, name)
+        self.inner.register(mem, name)
 
     def attach(self, mem, name: str = "memory"):
         """Distribute a fresh (unsharded) memory's rows over the shards by the placement rule."""
@@ -301,8 +335,9 @@ class Sharded(RAM):
             return self.place_memory(mem.replace(backend=self))
         rows = mem.rows()
         cs = mem.capacity // self.n_shards
-        if self.tiered is not None:   # preallocated past a shard's RAM budget: give the room back (as Tiered.attach)
-            cs = min(cs, memlib.round_capacity(self.tiered.hot_rows_per_layer))
+        hot = self.inner.hot_rows_per_layer
+        if hot is not None:   # preallocated past a shard's RAM budget: give the room back (as Tiered.attach)
+            cs = min(cs, memlib.round_capacity(hot))
         return self.from_rows(rows, spec=mem.spec, t=int(mem.t), capacity_per_shard=cs, policy=mem.policy, name=name)
 
     def from_rows(self, rows: Dict[str, np.ndarray], *, spec, t: int = 0, capacity_per_shard: int = 0,
@@ -352,9 +387,7 @@ class Sharded(RAM):
                             t=_global(self.mesh, P(), np.asarray(t, np.int32)),
                             ext={"next": _global(self.mesh, P(), np.asarray(next_shard, np.int32))},
                             spec=spec, policy=policy, backend=self)
-        if self.tiered is not None:
-            mem = self.tiered.attach_shards(self, mem, name)
-        return mem
+        return self.inner.attach_shards(self, mem, name)
 
     def place_memory(self, mem):
         """Row arrays sharded, the rest replicated (after a host-side change, here or in the tier)."""
@@ -382,14 +415,14 @@ class Sharded(RAM):
     def prepare(self, mem, extra: int, bound: int, growth: float = 2.0, limit=None):
         # limit (a capacity policy's max_rows) is not used: shards fill unevenly after evictions
         cs = self.block(mem)
-        hot = None if self.tiered is None else self.tiered.hot_rows_per_layer
+        hot = self.inner.hot_rows_per_layer
         exact = None
         if hot is not None and bound + extra > hot:
             # the RAM budget first (as Tiered.prepare): a shard whose rows would pass it spills, whatever room
             # its block has left
             exact = self.fill(mem)
             if exact + extra > hot:
-                spilled = self.tiered.spill_shards(self, mem, extra)
+                spilled = self.inner.spill_shards(self, mem, extra)
                 if spilled is not None:
                     return spilled, self.fill(spilled)
             bound = exact
@@ -410,10 +443,10 @@ class Sharded(RAM):
 
     def rows_in_use(self, mem) -> int:
         hot = self.hot_rows(mem)
-        return hot + (self.tiered.cold_rows_total(mem) if self.tiered is not None else 0)
+        return hot + self.inner.cold_rows_total(mem)
 
     def cold_rows(self, mem) -> int:
-        return self.tiered.cold_rows_total(mem) if self.tiered is not None else 0
+        return self.inner.cold_rows_total(mem)
 
     def host_sizes(self, mem) -> np.ndarray:
         return host_value(mem.size).astype(np.int64)
@@ -443,10 +476,8 @@ class Sharded(RAM):
                               f"single process (this is process {jax.process_index()} of {jax.process_count()})")
         parts = []
         for j in range(self.n_shards):
-            if self.tiered is not None:
-                parts.append(self.tiered.shard_cold_rows(mem, j))
-            parts.append(self.shard_rows(mem, j))
-        return {f: np.concatenate([p[f] for p in parts]) for f in memlib.FIELDS}
+            parts += [self.inner.shard_cold_rows(mem, j), self.shard_rows(mem, j)]
+        return {f: np.concatenate([p[f] for p in parts if p is not None]) for f in memlib.FIELDS}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, name: str, mem):
@@ -456,8 +487,9 @@ class Sharded(RAM):
         meta = {"backend": self.name, "n_shards": self.n_shards, "capacity_per_shard": self.block(mem),
                 "host_sizes": self.host_sizes(mem).tolist(), "placement": self.placement,
                 "next_shard": int(host_value(mem.ext["next"]))}
-        if self.tiered is not None:
-            meta["tiers"] = self.tiered.save_shards(self, mem, name)
+        tiers = self.inner.save_shards(self, mem, name)
+        if tiers is not None:
+            meta["tiers"] = tiers
         return arrays, meta
 
     def check_restore(self, meta: dict, name: str):
@@ -495,6 +527,4 @@ class Sharded(RAM):
                     for f in memlib.FIELDS}
             mem = self.from_rows(rows, spec=template.spec, t=int(meta["t"]), policy=template.policy, name=name)
         mem = self.place_memory(mem)   # arrays saved whole (one shard) come back as host arrays
-        if self.tiered is not None:
-            mem = self.tiered.restore_shards(self, mem, name, meta.get("tiers"))
-        return mem
+        return self.inner.restore_shards(self, mem, name, meta.get("tiers"))

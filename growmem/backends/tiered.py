@@ -37,7 +37,7 @@ tier's manifest (``tier.json``, rewritten atomically with the row count). A resu
 check them (:meth:`ColdTier.verify`): a missing, truncated or damaged chunk file is an error
 naming the file, never rows of zeros. Reads during training do not recompute checksums, except
 for a chunk whose file is missing, which is an error unless its rows were all the fill value.
-Combined with :class:`growmem.backends.sharded.Sharded` (``Sharded(mesh, tiered=Tiered(...))``)
+Combined with :class:`growmem.backends.sharded.Sharded` (``Sharded(mesh, inner=Tiered(...))``)
 every shard has its own tier (``directory/<layer>/shard-<s>``) and its own budget.
 
 One module per job: :mod:`~growmem.backends.tier_files` (chunk files, URLs, checksums, the tier errors),
@@ -333,7 +333,7 @@ class Tiered(RAM):
         return mem.replace(ext={"cold": self._view(view.ref.key, store.rows, mem, view.ref.chunk_rows)},
                            backend=self)
 
-    # ------------------------------------------------------------------ per shard (for Sharded(tiered=...))
+    # ------------------------------------------------------------------ per shard (for Sharded(inner=...))
     def attach_shards(self, sharded, mem, name: str):
         self.register(mem, name)
         cs = sharded.block(mem)
@@ -410,7 +410,7 @@ class Tiered(RAM):
     def restore_shards(self, sharded, mem, name, refs):
         if refs is None:
             raise CheckpointError(f"layer {name} was saved without disk tiers: restore it into a Sharded backend "
-                                  f"without tiered=")
+                                  f"without a tier (inner=None)")
         key = f"{self._key}/{name}"
         if key not in _STORES:
             mem = self.attach_shards(sharded, mem, name)
