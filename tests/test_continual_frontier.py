@@ -480,6 +480,8 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     h = B.er_width(1_000_000, d, 10)
     assert [p["hidden_size"] for p in perm["er_balanced:proj"](1_000_000, "permuted_mnist")] == \
         [h // 8, h // 4, h // 2, h, 2 * h, 4 * h] and 4 * (d * 4 * h + 4 * h + 40 * h + 10) < 1_000_000
+    h = B.er_width(15_700_000, d, 10)                  # from 15 MB also eight times the rule's
+    assert [p["hidden_size"] for p in perm["er_balanced:proj"](15_700_000, "permuted_mnist")][-1] == 8 * h
 
 
 def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):
