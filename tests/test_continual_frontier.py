@@ -214,6 +214,7 @@ def test_frontier_smoke_runs_both_protocol_parts_and_combines_runs_made_apart(tm
     runs = {r["method"]: r for r in doc["runs"] if r["protocol"] == "offline"}
     g = runs["gdumb_bytes"]["config"]
     assert (g["epochs"], g["model"], g["mem_size"]) == (2, "GDumbMLP(8, batch norm)", (200_000 - 3 * 26_104) // 785)
+    assert g["hidden_size"] == 8                      # the width recorded as a setting, as the tuning grids name it
     assert runs["target:dct_merge"]["config"]["batch_size"] == 32       # the preset's own batch, not the online 10
     online_target = [r for r in doc["runs"] if r["protocol"] == "online" and r["method"] == "target:dct_merge"]
     assert len(online_target) == 1 and online_target[0]["config"]["batch_size"] == 10
