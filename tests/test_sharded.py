@@ -93,3 +93,18 @@ def test_two_processes_under_jax_distributed_each_holding_half_the_rows(tmp_path
             assert np.abs(z[a] - z[r]).max() <= 1e-5 * (np.abs(z[r]).max() + 1.0)
     z0, z1 = np.load(tmp_path / "p0.npz"), np.load(tmp_path / "p1.npz")
     assert np.array_equal(z0["out2"], z1["out2"])  # both processes see the same merged result
+
+
+def test_a_sharded_backend_takes_a_tier_or_nothing_inside():
+    """``inner`` is where each shard keeps its rows: None (in RAM) or a Tiered; anything else is refused by
+    name, before any row is placed."""
+    import pytest
+
+    from growmem.backends import RAM
+    from growmem.backends.sharded import InRAM, Sharded
+    from growmem.errors import WrongTypeError
+
+    assert Sharded().inner == InRAM() and Sharded() == Sharded(inner=InRAM())
+    with pytest.raises(WrongTypeError, match="not RAM: it lacks"):
+        Sharded(inner=RAM())
+

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import kernels
 from .. import memory as memlib
-from ..errors import CheckpointError, ConfigError, ConfigMismatchError
+from ..errors import CheckpointError, ConfigError, ConfigMismatchError, WrongTypeError
 from . import RAM, _temperature
 
 PLACEMENTS = ("round_robin", "least_filled")
@@ -91,6 +91,11 @@ def host_value(a) -> np.ndarray:
     return np.asarray(a)
 
 
+#: what Sharded asks of its ``inner``, per shard (InRAM and Tiered answer them)
+_SHARD_CALLS = ("register", "attach_shards", "spill_shards", "cold_rows_total", "shard_cold_rows", "save_shards",
+                "restore_shards")
+
+
 @dataclasses.dataclass(frozen=True)
 class InRAM:
     """Every row of a shard in RAM: what :class:`Sharded` holds inside without a tier (``inner=None``). It
@@ -145,6 +150,10 @@ class Sharded(RAM):
     def __post_init__(self):
         if self.inner is None:
             object.__setattr__(self, "inner", InRAM())
+        missing = [c for c in _SHARD_CALLS if not callable(getattr(self.inner, c, None))]
+        if missing:
+            raise WrongTypeError(f"Sharded(inner=...) takes None (every row in RAM) or a growmem.backends.tiered.Tiered "
+                                 f"(a disk tier per shard), not {type(self.inner).__name__}: it lacks {missing}")
         if self.mesh is None:
             object.__setattr__(self, "mesh", row_mesh(axis=self.axis))
         if self.placement not in PLACEMENTS:
