@@ -113,15 +113,15 @@ def _er_widths(budget, method):
     """From an eighth to four times the width :func:`growmem.continual.baselines.er_width` gives ``method``
     (half its float32 parameters in the budget), each whose parameters fit the budget at all: a narrower
     model leaves more of it to the buffer, a wider one less (half, then the first grid's low end, won for raw
-    images at 0.3 and 1 MB on Split-MNIST; twice, its top, for projections at 1 MB on Permuted-MNIST). From
-    15 MB also eight times it (four times, the top, won for DCT codes at 15.7 MB: the rule stops at 512)."""
+    images at 0.3 and 1 MB on Split-MNIST; twice, its top, for projections at 1 MB on Permuted-MNIST), and
+    eight times it where that fits (four times, the top, won for DCT codes at 15.7 MB and for projections at
+    3 MB: the rule stops at 512)."""
     from growmem.continual.baselines import er_codes, er_width
 
     codes = er_codes(method, 784)
     n_in = 784 if codes is None else codes.key_dim
     h = er_width(budget, n_in, 10)
-    widths = sorted({max(1, h // 8), max(1, h // 4), max(1, h // 2), h, 2 * h, 4 * h}
-                    | ({8 * h} if budget >= 15_000_000 else set()))
+    widths = sorted({max(1, h // 8), max(1, h // 4), max(1, h // 2), h, 2 * h, 4 * h, 8 * h})
     return [{"hidden_size": w} for w in widths if 4 * (n_in * w + w + w * 10 + 10) < budget]
 
 
@@ -203,7 +203,13 @@ EDGE_REASONS = {
              "15.7 MB, one seed) and one 100-epoch run took 2,476 s"}},
     "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
     "er_reservoir:raw": {"hidden_size": {
-        16: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (32 units take 102 KB)"}},
+        16: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (32 units take 102 KB)",
+        64: "the widest model of the grid whose float32 parameters fit 0.3 MB at all (128 units take 407 KB)"}},
+    "er_balanced:raw": {"hidden_size": {
+        16: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (32 units take 102 KB)",
+        512: "the widest model of the grid whose float32 parameters fit 3 MB at all (1024 units take 3.3 MB)"}},
+    "er_balanced:proj": {"hidden_size": {
+        128: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (256 units take 114 KB)"}},
     "er_balanced:dct": {"hidden_size": {
         4096: "the gain has flattened (validation 0.9734, 0.9748, 0.9760 at 1024, 2048, 4096 units on Split-MNIST "
               "at 15.7 MB, one seed), and a wider model leaves fewer codes in the buffer"}},
