@@ -110,19 +110,18 @@ ANCHORS = (
 #: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
 #: the preset's or the rule's value sits inside every grid
 def _er_widths(budget, method):
-    """From an eighth to four times the width :func:`growmem.continual.baselines.er_width` gives ``method``
+    """From an eighth to eight times the width :func:`growmem.continual.baselines.er_width` gives ``method``
     (half its float32 parameters in the budget), each whose parameters fit the budget at all: a narrower
-    model leaves more of it to the buffer, a wider one less (half, then the first grid's low end, won for raw
-    images at 0.3 and 1 MB on Split-MNIST; twice, its top, for projections at 1 MB on Permuted-MNIST), and
-    eight times it where that fits (four times, the top, won for DCT codes at 15.7 MB and for projections at
-    3 MB: the rule stops at 512)."""
-    from growmem.continual.baselines import er_codes, er_width
+    model leaves more of it to the buffer, a wider one less (the grid grew as its ends won: half for raw
+    images at 0.3 and 1 MB on Split-MNIST, twice for projections at 1 MB on Permuted-MNIST, four times for DCT
+    codes at 15.7 MB and projections at 3 MB, where the rule stops at 512)."""
+    from growmem.continual.baselines import er_codes, er_model_bytes, er_width
 
     codes = er_codes(method, 784)
     n_in = 784 if codes is None else codes.key_dim
     h = er_width(budget, n_in, 10)
     widths = sorted({max(1, h // 8), max(1, h // 4), max(1, h // 2), h, 2 * h, 4 * h, 8 * h})
-    return [{"hidden_size": w} for w in widths if 4 * (n_in * w + w + w * 10 + 10) < budget]
+    return [{"hidden_size": w} for w in widths if er_model_bytes(n_in, w, 10) < budget]
 
 
 def _cross(center: dict, **axes):

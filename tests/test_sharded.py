@@ -107,4 +107,3 @@ def test_a_sharded_backend_takes_a_tier_or_nothing_inside():
     assert Sharded().inner == InRAM() and Sharded() == Sharded(inner=InRAM())
     with pytest.raises(WrongTypeError, match="not RAM: it lacks"):
         Sharded(inner=RAM())
-

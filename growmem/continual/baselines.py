@@ -171,11 +171,16 @@ def er_codes(name: str, input_size: int):
     return None if preset is None else config.load(preset).key_space(int(input_size))
 
 
+def er_model_bytes(n_in: int, hidden: int, n_classes: int) -> int:
+    """Bytes of the float32 parameters of online replay's one-hidden-layer MLP."""
+    return 4 * (n_in * hidden + hidden + hidden * n_classes + n_classes)
+
+
 def er_width(budget_bytes: int, n_in: int, n_classes: int) -> int:
     """The widest of :data:`ER_WIDTHS` whose one-hidden-layer MLP's float32 parameters take at most half
     of ``budget_bytes``."""
     for h in ER_WIDTHS:
-        if 4 * (n_in * h + h + h * n_classes + n_classes) <= budget_bytes // 2:
+        if er_model_bytes(n_in, h, n_classes) <= budget_bytes // 2:
             return h
     raise ConfigError(f"a memory budget of {budget_bytes} B does not hold an online-replay MLP of {ER_WIDTHS[-1]} "
                       f"hidden units on {n_in} inputs in half of it: raise --memory-budget")
