@@ -250,6 +250,17 @@ def add(index: IVF, k_new, ids, mask=None, *, alternatives: int = 4) -> IVF:
     return out
 
 
+def widen(index: IVF, list_capacity: int) -> IVF:
+    """``index`` with room for ``list_capacity`` rows in every list, each list's rows kept where they are (no
+    row is re-assigned: the same lists, in the same order, as assigning every row again to the same centroids
+    would give while no list was full; O(C · L) copies, not O(N · C · d) distances)."""
+    if not is_count(list_capacity, index.list_capacity):
+        raise ConfigError(f"list_capacity must be an integer >= the index's {index.list_capacity}, got "
+                          f"{list_capacity!r}")
+    pad = int(list_capacity) - index.list_capacity
+    return index.replace(lists=jnp.pad(index.lists, ((0, 0), (0, pad)), constant_values=-1))
+
+
 #: :func:`build` without a ``list_capacity``: this many times the fullest list of the rows' nearest
 #: assignment (k-means leaves lists uneven; a list too short for its rows sends them to farther lists, where
 #: the queries near them do not look)

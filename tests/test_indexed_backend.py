@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from growmem import GrowingSpec, ResidualGrowingNet, Trainer, policies
+from growmem import index as I
 from growmem.backends.indexed import Indexed
 from growmem.checkpoint import Checkpointer
 from growmem.errors import ConfigError
@@ -80,6 +81,21 @@ def test_a_full_list_doubles_every_lists_room_before_the_step_that_would_overflo
     (mem,) = tr.memories().values()
     assert ivf.list_capacity > first and int(ivf.unindexed) == 0
     assert int(ivf.counts.sum()) == int(mem.size)
+    # widened, not re-assigned: the lists are those of every row assigned again, in order, to the same centroids
+    again = I.add(I.empty(ivf.centroids, ivf.list_capacity, overflow=0), mem.k[:int(mem.size)],
+                  np.arange(int(mem.size)), alternatives=1)
+    np.testing.assert_array_equal(np.asarray(ivf.lists), np.asarray(again.lists))
+    np.testing.assert_array_equal(np.asarray(ivf.counts), np.asarray(again.counts))
+
+
+def test_widen_keeps_every_list_and_refuses_to_shrink():
+    ix = I.add(I.empty(np.eye(3, dtype=np.float32), 4, overflow=0), np.eye(3, dtype=np.float32)[[0, 1, 0]],
+               np.arange(3), alternatives=1)
+    wide = I.widen(ix, 8)
+    assert np.asarray(wide.lists).tolist() == [[0, 2] + [-1] * 6, [1] + [-1] * 7, [-1] * 8]
+    np.testing.assert_array_equal(np.asarray(wide.counts), [2, 1, 0])
+    with pytest.raises(ConfigError, match="list_capacity must be an integer >= the index's 4"):
+        I.widen(ix, 2)
 
 
 def test_a_resumed_run_reads_the_same_lists_bitwise(tmp_path):

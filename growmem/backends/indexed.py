@@ -9,8 +9,8 @@ indexes them (the index lives in ``mem.ext["ivf"]``), and from there on:
   union of the lists its batch probes, gathered once and reduced by the exact kernel;
 - appended rows join the list of their nearest centroid inside the jitted step;
 - before each step the lists are checked for room for the step's rows (one device read of the fullest
-  list's count); a list that could overflow doubles every list's capacity, the rows re-assigned to the
-  same centroids, so no row is ever left where no query reads it.
+  list's count); a list that could overflow doubles every list's capacity, each row kept in its
+  list (:func:`growmem.index.widen`), so no row is ever left where no query reads it.
 
 Evicting policies move rows and are refused (an error when the step is traced). Novelty search stays
 exact. The index is saved with the rows, so a resumed run reads the same lists (bitwise).
@@ -111,11 +111,10 @@ class Indexed(RAM):
         fullest = int(ix.counts.max())
         if fullest + extra <= ix.list_capacity:
             return mem, exact
-        exact = int(mem.size) if exact is None else exact
         cap = ix.list_capacity
         while fullest + extra > cap:
             cap *= 2
-        return self._index(mem, ix.centroids, exact, cap), exact
+        return mem.replace(ext={**mem.ext, "ivf": ivf.widen(ix, cap)}), exact
 
     def _build(self, mem, n: int, extra: int):
         c = ivf.train_centroids(mem.k, self.n_lists, key=jax.random.key(self.seed), iters=self.iters, size=n,
