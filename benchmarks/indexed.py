@@ -20,6 +20,16 @@ reads, and the build time.
 
 Writes benchmarks/results/indexed.{json,png}; ``summary`` holds, at the largest N, each nprobe's
 speed-up, errors and recall, and the load average around the run.
+
+``--part training`` trains instead: the teacher-student growing weighted softmax (App. F.1.2, one row a
+sample; the T, η, β, μ ``growmem repro teacher-student`` chose) on fresh teacher samples up to ``rows``
+rows with its rows read through an :class:`~growmem.backends.indexed.Indexed` backend, and the same model,
+seed and samples read exactly (the RAM backend) up to ``exact_rows``; at each checkpoint the test MSE over
+the targets' variance and the seconds of training so far. Writes ``indexed_training.{json,png}``:
+``summary`` holds, per seed, the indexed run's rows and wall time, and both runs' test loss at the largest
+checkpoint the exact run reached.
+
+    python benchmarks/indexed.py --part training --preset cpu --seeds 0   # 10^7 rows (an hour or more)
 """
 from __future__ import annotations
 
@@ -55,6 +65,22 @@ PRESETS = {
 PRESETS["paper"] = dict(PRESETS["cpu"], sizes=(10_000, 100_000, 1_000_000, 10_000_000))
 #: per_query: each query gathers the rows of its own lists; shared: the batch reads the union of its lists once
 MODES = ("per_query", "shared")
+
+#: ``--part training``: the teacher-student GWS of ``growmem repro teacher-student`` (T, η, β, μ: its selection on
+#: 64,000 samples, benchmarks/results/repro/teacher-student.json), rows read through ``n_lists`` lists, ``nprobe``
+#: probed per query (the lists trained at ``train_at`` rows); the exact run up to ``exact_rows`` (its step reads
+#: every row: about 7 h a seed to 2 M rows here, so it stops well before the indexed run)
+TRAINING = {
+    "smoke": dict(rows=6_144, exact_rows=3_072, batch=64, checkpoints=(1_024, 3_072, 6_144), n_lists=32, nprobe=4,
+                  train_at=1_024, shared=False, test_size=512, seeds=(0,),
+                  gws=dict(temperature=1.0, eta=10.0, beta=1.0, momentum=0.6)),
+    "cpu": dict(rows=10_240_000, exact_rows=512_000, batch=64,
+                checkpoints=(64_000, 128_000, 256_000, 512_000, 1_024_000, 2_048_000, 5_120_000, 10_240_000),
+                n_lists=16_384, nprobe=2, train_at=65_536, shared=False, test_size=4096, seeds=(0, 1, 2),
+                gws=dict(temperature=1.0, eta=10.0, beta=1.0, momentum=0.6)),
+}
+TRAINING["paper"] = dict(TRAINING["cpu"], rows=12_800_000, exact_rows=12_800_000,
+                         checkpoints=(64_000, 256_000, 1_024_000, 4_096_000, 12_800_000), seeds=(0, 1, 2, 3, 4))
 
 
 def rows(n: int, cfg: dict, seed: int = 0):
@@ -187,8 +213,91 @@ def plot(results, cfg, out):
     return _common.save_figure(fig, NAME, out)
 
 
+def train_run(cfg: dict, seed: int, *, indexed: bool, bar) -> dict:
+    """One teacher-student GWS run of ``cfg`` (:data:`TRAINING`) to ``rows`` rows through the index, or exactly
+    to ``exact_rows``: the test-loss curve and the seconds of training at each checkpoint."""
+    from growmem.backends.indexed import Indexed
+    from growmem.data.teacher_student import TeacherStudent
+    from growmem.repro.teacher_student import run_growing_ws
+    task = TeacherStudent(seed=seed)
+    test = task.test_set(cfg["test_size"])
+    var = float(np.var(np.asarray(test[1])))
+    rows = cfg["rows"] if indexed else cfg["exact_rows"]
+    b = cfg["batch"]
+    backend = Indexed(cfg["n_lists"], cfg["nprobe"], train_at=cfg["train_at"], shared=cfg["shared"], seed=seed) \
+        if indexed else None
+    r = run_growing_ws(task, steps=rows // b, batch=b, test=test, seed=seed, backend=backend,
+                       eval_at=[c // b for c in cfg["checkpoints"] if c <= rows], progress=bar.update,
+                       **cfg["gws"])
+    return {"seed": seed, "mode": "indexed" if indexed else "exact", "rows": int(sum(r["rows"].values())),
+            "curve": [[n, mse / var] for n, mse in r["curve"]], "wall": r["wall"], "seconds": r["seconds"]}
+
+
+def training(args) -> dict:
+    cfg = dict(TRAINING[args.preset])
+    seeds = cfg["seeds"] if args.seeds is None else args.seeds
+    for c in cfg["checkpoints"]:
+        if c % cfg["batch"]:
+            raise SystemExit(f"checkpoint {c} is not a whole number of batches of {cfg['batch']}")
+    load_before = list(os.getloadavg())
+    total = len(seeds) * (cfg["rows"] + cfg["exact_rows"]) // cfg["batch"]
+    with tqdm(total=total, desc="indexed training", unit="step") as bar:
+        runs = [train_run(cfg, s, indexed=ix, bar=bar) for s in seeds for ix in (True, False)]
+    by_seed = {}
+    for s in seeds:
+        ix, ex = (next(r for r in runs if r["seed"] == s and r["mode"] == m) for m in ("indexed", "exact"))
+        at = max(n for n, _ in ex["curve"])
+        loss = lambda r: next(v for n, v in r["curve"] if n == at)  # noqa: E731
+        by_seed[str(s)] = {"indexed_rows": ix["rows"], "indexed_seconds": ix["wall"][-1][1],
+                           "final_relative_test_loss": ix["curve"][-1][1], "compared_at_rows": at,
+                           "relative_test_loss_at_compared": {"indexed": loss(ix), "exact": loss(ex)},
+                           "seconds_to_compared": {"indexed": next(t for n, t in ix["wall"] if n == at),
+                                                   "exact": ex["wall"][-1][1]}}
+    summary = {"rows": cfg["rows"], "by_seed": by_seed, "load_average_before": load_before,
+               "load_average_after": list(os.getloadavg())}
+    path = _common.write_results(f"{NAME}_training", summary,
+                                 {"preset": args.preset, "config": {**cfg, "seeds": list(seeds)}, "runs": runs},
+                                 args.out)
+    png = plot_training(runs, args.out)
+    for s, x in by_seed.items():
+        c = x["relative_test_loss_at_compared"]
+        print(f"seed {s}: indexed {x['indexed_rows']:,} rows in {x['indexed_seconds']:.0f} s, test loss / variance "
+              f"{x['final_relative_test_loss']:.4f}; at {x['compared_at_rows']:,} rows indexed {c['indexed']:.4f} "
+              f"against exact {c['exact']:.4f} ({x['seconds_to_compared']['indexed']:.0f} s against "
+              f"{x['seconds_to_compared']['exact']:.0f} s of training)")
+    print(f"wrote {path} and {png}")
+    return summary
+
+
+def plot_training(runs, out):
+    from growmem.reporting import pyplot
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        style = "o-" if r["mode"] == "indexed" else "s--"
+        a1.loglog(*zip(*[(n, v) for n, v in r["curve"] if n > 0]), style, label=f"{r['mode']}, seed {r['seed']}")
+        n, t = zip(*r["wall"])
+        a2.loglog(n, t, style, label=f"{r['mode']}, seed {r['seed']}")
+    a1.set_xlabel("rows (samples seen)")
+    a1.set_ylabel("test MSE / target variance")
+    a2.set_xlabel("rows (samples seen)")
+    a2.set_ylabel("seconds of training")
+    for a in (a1, a2):
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    return _common.save_figure(fig, f"{NAME}_training", out)
+
+
 def main(argv=None):
-    args = _common.parser(__doc__.splitlines()[0], PRESETS).parse_args(argv)
+    ap = _common.parser(__doc__.splitlines()[0], PRESETS)
+    ap.add_argument("--part", choices=("retrieval", "training"), default="retrieval",
+                    help="retrieval: one layer step against N (indexed.json); training: a teacher-student run "
+                         "to 10^7 rows through the index beside the exact run (indexed_training.json)")
+    ap.add_argument("--seeds", type=lambda t: tuple(int(x) for x in t.split(",")), default=None,
+                    help="--part training: the seeds to run (default: the preset's)")
+    args = ap.parse_args(argv)
+    if args.part == "training":
+        return training(args)
     cfg = PRESETS[args.preset]
     load_before = list(os.getloadavg())
     with tqdm(total=len(cfg["sizes"]), desc="indexed", unit="size") as bar:

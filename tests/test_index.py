@@ -218,3 +218,27 @@ def test_the_benchmark_smoke_preset_writes_its_json_and_plot(tmp_path):
         assert sh["8"]["scores_per_batch"] == 4 * (4 * 8 * r["list_capacity"] + r["overflow"])
         assert sh["8"]["errors_by_temperature"]["0.05"]["rel_error_y"] <= ix["8"]["errors_by_temperature"]["0.05"]["rel_error_y"] + 1e-6
     assert set(summary["by_mode_and_nprobe"]) == {"per_query", "shared"}
+
+
+def test_the_training_part_trains_through_the_index_beside_the_exact_run(tmp_path, monkeypatch):
+    """``--part training``: probing every list, the indexed teacher-student run is the exact one (the same
+    samples, seed and model), so the benchmark's two runs agree where they overlap; its summary is read off
+    the runs' curves."""
+    import json
+
+    from conftest import benchmark
+    mod = benchmark("indexed")
+    cfg = mod.TRAINING["smoke"]
+    monkeypatch.setitem(mod.TRAINING, "smoke", dict(cfg, nprobe=cfg["n_lists"]))
+    summary = mod.main(["--part", "training", "--preset", "smoke", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "indexed_training.json").read_text())
+    assert (tmp_path / "indexed_training.png").read_bytes()[:4] == b"\x89PNG"
+    ix, ex = (next(r for r in doc["runs"] if r["mode"] == m) for m in ("indexed", "exact"))
+    assert [n for n, _ in ix["curve"]] == [0, 1_024, 3_072, 6_144] and [n for n, _ in ex["curve"]] == [0, 1_024, 3_072]
+    assert ix["rows"] >= cfg["rows"] > ex["rows"] >= cfg["exact_rows"]       # a row a sample, and the first B rows
+    assert all(b[1] > a[1] for a, b in zip(ix["wall"], ix["wall"][1:]))
+    s = summary["by_seed"]["0"]
+    assert s["compared_at_rows"] == 3_072 and s["indexed_rows"] == ix["rows"]
+    at = {"indexed": dict(map(tuple, ix["curve"]))[3_072], "exact": dict(map(tuple, ex["curve"]))[3_072]}
+    assert s["relative_test_loss_at_compared"] == at and 0 < at["exact"] < 1
+    np.testing.assert_allclose(at["indexed"], at["exact"], rtol=1e-2)

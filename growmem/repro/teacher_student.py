@@ -19,6 +19,7 @@ first checkpoint from which a claimed ordering holds (in the means) at every lat
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, Dict, Optional, Sequence
 
 import jax
@@ -38,14 +39,17 @@ def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eva
     """Train on fresh teacher samples with :func:`growmem.train.fit`; the test-MSE curve at every
     ``eval_every`` steps, or only at the steps ``eval_at`` when given (and at the end)."""
     xt, yt = test
-    train_loss = []
+    train_loss, wall, t0, eval_s = [], [], time.perf_counter(), [0.0]
     at = None if eval_at is None else {int(s) for s in eval_at if 0 < s <= steps} | {steps}
     every = eval_every if at is None else math.gcd(*sorted(at))
 
     def evaluate(step):
         if at is not None and step not in at:
             return {}
+        t = time.perf_counter()
+        wall.append([step * batch, t - t0 - eval_s[0]])       # seconds of training so far, evaluations left out
         mse = float(squared_error(trainer.predict(xt), yt))
+        eval_s[0] += time.perf_counter() - t
         return {"mse": mse if math.isfinite(mse) else float("inf")}
 
     def on_step(step, m):
@@ -59,7 +63,7 @@ def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eva
               evaluate=evaluate, eval_every=every)   # a diverged run stops: it cannot recover
     curve = [[0, first]] + [[e["step"] * batch, e["mse"]] for e in out["evals"] if "mse" in e]
     return {"curve": curve, "train_loss": train_loss, "final_test_loss": curve[-1][1],
-            "seconds": out["seconds"], "rows": trainer.rows_in_use()}
+            "seconds": out["seconds"], "rows": trainer.rows_in_use(), "wall": wall}
 
 
 def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None) -> GrowingSpec:
@@ -70,12 +74,14 @@ def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None
 
 
 def run_growing_ws(task: TeacherStudent, *, steps, batch, temperature, eta, beta, momentum=0.0,
-                   eval_every=100, test=None, progress=None, seed=0, eval_at=None) -> Dict:
-    """Single growing weighted-softmax layer on RMSNorm(x) (Table 2)."""
+                   eval_every=100, test=None, progress=None, seed=0, eval_at=None, backend=None) -> Dict:
+    """Single growing weighted-softmax layer on RMSNorm(x) (Table 2). ``backend``: where its rows live and how
+    a step reads them (default: RAM, the exact scan; e.g. :class:`growmem.backends.indexed.Indexed`)."""
     spec = growing_ws_spec(temperature=temperature, eta=eta, beta=beta, momentum=momentum, batch=batch)
     model = ResidualGrowingNet(d_out=task.d_out, n_blocks=0, readout=spec)
     test = test or task.test_set()
-    trainer = Trainer(model, loss="squared_error", sample_input=test[0][:batch], rng=jax.random.key(seed))
+    trainer = Trainer(model, loss="squared_error", sample_input=test[0][:batch], rng=jax.random.key(seed),
+                      backend=backend)
     return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
                  eval_at=eval_at)
 
