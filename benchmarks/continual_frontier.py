@@ -55,6 +55,7 @@ import json
 import os
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,19 +110,40 @@ ANCHORS = (
 )
 #: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
 #: the preset's or the rule's value sits inside every grid
-def _er_widths(budget, method):
-    """From an eighth to eight times the width :func:`growmem.continual.baselines.er_width` gives ``method``
-    (half its float32 parameters in the budget), each whose parameters fit the budget at all: a narrower
-    model leaves more of it to the buffer, a wider one less (the grid grew as its ends won: half for raw
-    images at 0.3 and 1 MB on Split-MNIST, twice for projections at 1 MB on Permuted-MNIST, four times for DCT
-    codes at 15.7 MB and projections at 3 MB, where the rule stops at 512)."""
-    from growmem.continual.baselines import er_codes, er_model_bytes, er_width
-
+def _er_n_in(method) -> int:
+    from growmem.continual.baselines import er_codes
     codes = er_codes(method, 784)
-    n_in = 784 if codes is None else codes.key_dim
-    h = er_width(budget, n_in, 10)
-    widths = sorted({max(1, h // 8), max(1, h // 4), max(1, h // 2), h, 2 * h, 4 * h, 8 * h})
-    return [{"hidden_size": w} for w in widths if er_model_bytes(n_in, w, 10) < budget]
+    return 784 if codes is None else codes.key_dim
+
+
+def _er_widths(budget, method):
+    """From an eighth of the width :func:`growmem.continual.baselines.er_width` gives ``method`` (half its
+    float32 parameters in the budget) up by doublings to the widest whose parameters fit the budget at all: a
+    narrower model leaves more of it to the buffer, a wider one less (the grid grew as its ends won: half the
+    rule's width for raw images at 0.3 and 1 MB on Split-MNIST, twice for projections at 1 MB on Permuted-MNIST,
+    four and eight times for DCT codes and projections at 3 and 15.7 MB, where the rule stops at 512)."""
+    from growmem.continual.baselines import er_model_bytes, er_width
+
+    n_in = _er_n_in(method)
+    w = max(1, er_width(budget, n_in, 10) // 8)
+    widths = []
+    while er_model_bytes(n_in, w, 10) < budget:
+        widths.append({"hidden_size": w})
+        w *= 2
+    return widths
+
+
+def _widest_fit_reason(method: str, setting: str, value, budget) -> Optional[str]:
+    """Why ``value`` on the top edge of an online replay's width grid is not extended past: the next width's
+    parameters do not fit ``budget`` (``None`` where they do, or for another setting)."""
+    from growmem.continual.baselines import er_model_bytes
+    if setting != "hidden_size" or not method.startswith("er_") or budget is None:
+        return None
+    nxt = er_model_bytes(_er_n_in(method), 2 * int(value), 10)
+    if nxt < budget:
+        return None
+    return (f"the widest model of the grid whose float32 parameters fit {budget / 1e6:g} MB at all "
+            f"({2 * int(value)} units take {nxt / 1e6:.2g} MB)")
 
 
 def _cross(center: dict, **axes):
@@ -201,17 +223,6 @@ EDGE_REASONS = {
         100: "the gain has flattened (validation 0.9242, 0.9262, 0.9275 at 10, 30, 100 epochs on Rotated-MNIST at "
              "15.7 MB, one seed) and one 100-epoch run took 2,476 s"}},
     "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
-    "er_reservoir:raw": {"hidden_size": {
-        16: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (32 units take 102 KB)",
-        64: "the widest model of the grid whose float32 parameters fit 0.3 MB at all (128 units take 407 KB)"}},
-    "er_balanced:raw": {"hidden_size": {
-        16: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (32 units take 102 KB)",
-        512: "the widest model of the grid whose float32 parameters fit 3 MB at all (1024 units take 3.3 MB)"}},
-    "er_balanced:proj": {"hidden_size": {
-        128: "the widest model of the grid whose float32 parameters fit 0.1 MB at all (256 units take 114 KB)"}},
-    "er_balanced:dct": {"hidden_size": {
-        4096: "the gain has flattened (validation 0.9734, 0.9748, 0.9760 at 1024, 2048, 4096 units on Split-MNIST "
-              "at 15.7 MB, one seed), and a wider model leaves fewer codes in the buffer"}},
     "knn:proj": {"k": {1: "one neighbour is the fewest kNN takes"}},
     "target:proj_merge": {"keys.dim": {
         300: "the gain has flattened (validation 0.9441, 0.9461, 0.9467 at 150, 200, 300 on Permuted-MNIST at "
@@ -459,10 +470,10 @@ def on_edge(points, best: int) -> list:
     return out
 
 
-def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=None) -> dict:
-    """A method's grid at one stream and budget: its points, the best one within the budget (never a point run
+def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=None, budget=None) -> dict:
+    """A method's grid at one stream and ``budget``: its points, the best one within the budget (never a point run
     on another version of the preset, whose ``digest`` is given), whether that sits on the grid's edge (and the
-    reason, where EDGE_REASONS gives one)."""
+    reason, where EDGE_REASONS gives one, or an online replay's next width would not fit the budget)."""
     ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]
           and not (digest is not None and stale_point(r, digest))]
     best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
@@ -470,8 +481,8 @@ def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=No
     chosen = None if best is None else flat_settings(results[best]["settings"])
     return {"results": results, "chosen": None if best is None else results[best]["settings"], "on_edge": edge,
             "seed": seed, "protocol": protocol,
-            "edge_reasons": {k: EDGE_REASONS[method][k][chosen[k]] for k in edge or []
-                             if chosen[k] in EDGE_REASONS.get(method, {}).get(k, {})}}
+            "edge_reasons": {k: r for k in edge or [] for r in [EDGE_REASONS.get(method, {}).get(k, {}).get(
+                chosen[k]) or _widest_fit_reason(method, k, chosen[k], budget)] if r}}
 
 
 def grids(cfg, stream: str, protocol: str, methods=None) -> dict:
@@ -551,7 +562,7 @@ def tune(args, cfg, streams, seeds, budgets):
                     print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
                           f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
                 doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
-                    _tuned_entry(m, results, seeds[0], args.protocol, digest)
+                    _tuned_entry(m, results, seeds[0], args.protocol, digest, b)
     invocations = doc["invocations"]
     for other in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):   # grids tuned apart
         for stream, bs in other["streams"].items():
@@ -564,7 +575,7 @@ def tune(args, cfg, streams, seeds, budgets):
                         k = json.dumps(r["settings"], sort_keys=True)
                         if k not in points or newer_point(r, points[k], digest):
                             points[k] = r
-                    here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"], digest)
+                    here[m] = _tuned_entry(m, list(points.values()), e["seed"], e["protocol"], digest, int(b))
         invocations = invocations + other["invocations"]
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())}

@@ -472,8 +472,8 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     dims = [p["overrides"]["keys.dim"] for p in perm["target:proj_merge"](1_000_000, "permuted_mnist")]
     assert min(dims) < 100 < max(dims)
     assert [p["overrides"]["k"] for p in perm["knn:proj"](3_000_000, "permuted_mnist")] == [1, 3, 5, 10]
-    # online replay's width: the rule's inside, from an eighth of it (a narrower model, a larger buffer) to eight
-    # times it where the parameters still fit the budget (not for raw images at 1 MB: 784 x 4h floats)
+    # online replay's width: the rule's inside, from an eighth of it (a narrower model, a larger buffer) up by
+    # doublings to the widest whose parameters still fit the budget (not 4h for raw images at 1 MB: 784 x 4h floats)
     h = B.er_width(1_000_000, 784, 10)
     assert [p["hidden_size"] for p in perm["er_reservoir:raw"](1_000_000, "permuted_mnist")] == \
         [h // 8, h // 4, h // 2, h, 2 * h]
@@ -481,8 +481,20 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     h = B.er_width(1_000_000, d, 10)
     assert [p["hidden_size"] for p in perm["er_balanced:proj"](1_000_000, "permuted_mnist")] == \
         [h // 8, h // 4, h // 2, h, 2 * h, 4 * h] and 4 * (d * 4 * h + 4 * h + 40 * h + 10) < 1_000_000
-    h = B.er_width(3_000_000, d, 10)                   # eight times the rule's where it fits
-    assert [p["hidden_size"] for p in perm["er_balanced:proj"](3_000_000, "permuted_mnist")][-1] == 8 * h
+    for budget in (3_000_000, 15_700_000):             # past eight times the rule's where it fits (the rule stops)
+        h = B.er_width(budget, d, 10)
+        widths = [p["hidden_size"] for p in perm["er_balanced:proj"](budget, "permuted_mnist")]
+        assert widths[0] == h // 8 and all(b == 2 * a for a, b in zip(widths, widths[1:]))
+        assert B.er_model_bytes(d, widths[-1], 10) < budget <= B.er_model_bytes(d, 2 * widths[-1], 10)
+    assert widths[-1] > 8 * h
+    # the widest that fits, chosen, is an edge with its reason; a width chosen below it on the top edge has none
+    pts = [{"settings": {"hidden_size": w}, "accuracy": 0.5 + i / 100, "bytes_peak": 1, "within_budget": True}
+           for i, w in enumerate(widths)]
+    e = cf._tuned_entry("er_balanced:proj", pts, 1, "online", budget=15_700_000)
+    nxt = B.er_model_bytes(d, 2 * widths[-1], 10)
+    assert e["edge_reasons"] == {"hidden_size": f"the widest model of the grid whose float32 parameters fit 15.7 MB "
+                                                f"at all ({2 * widths[-1]} units take {nxt / 1e6:.2g} MB)"}
+    assert cf._tuned_entry("er_balanced:proj", pts[:-1], 1, "online", budget=15_700_000)["edge_reasons"] == {}
 
 
 def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):
