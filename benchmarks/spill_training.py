@@ -316,7 +316,7 @@ def train(cfg, modes, data, workdir, probe=None, bar=None, sample_rss=False):
         out[m] = {"steps": recs[m], "pred": pred, "accuracy": float(np.mean(pred.argmax(-1) == yt)),
                   "rows_hot": hot, "rows_cold": cold, "rows_total": {k: hot[k] + cold[k] for k in hot},
                   "capacity": {"/".join(p): int(mm.capacity) for p, mm in tr.memories().items()},
-                  "spills": tr.spill._spills[0] if tr.spill is not None else 0,
+                  "spills": tr.spill.state.spills if tr.spill is not None else 0,
                   "chunk_rows": tr.spill.store(tr.memories()[("readout",)]).tier.chunk_rows
                   if tr.spill is not None else None,
                   "hot_rows_budget": tr.spill.hot_rows_per_layer if tr.spill is not None else None}

@@ -81,6 +81,28 @@ def _spec_json(spec):
     return d
 
 
+class TierState:
+    """The host state of one :class:`Tiered` backend, apart from its settings: its layers (row bytes, and the
+    key under which :mod:`growmem.backends.tier_stream` keeps their open stores, where a jitted step's cold
+    read finds them by the static key in its view), and the spills since the last compaction. ``key`` is
+    unique in the process and the same in every fresh process (tier-0, tier-1, ...): it is part of the
+    compiled programs (the native cold read's attribute), so a resumed run finds them in the persistent
+    compilation cache."""
+
+    def __init__(self):
+        self.key = f"tier-{next(_KEYS)}"
+        self.layers: Dict[str, tuple] = {}     # name -> (row bytes, key of its stores or None before attach)
+        self.spills = 0
+        self.spills_at_compaction = 0
+
+    def open(self, name: str, bytes_per_row: int, stores) -> str:
+        """Register layer ``name``'s open store (or ``{shard: store}``); returns the key a view reads it by."""
+        key = f"{self.key}/{name}"
+        _STORES[key] = stores
+        self.layers[name] = (bytes_per_row, key)
+        return key
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Tiered(RAM):
     """Newest rows in RAM, the rest on disk (module docstring).
@@ -102,6 +124,8 @@ class Tiered(RAM):
     compact_every: int = 0
     overwrite: bool = False
     resume: bool = False
+    #: the host state (layers, open stores, spill counts): a mutable object the frozen settings point to
+    state: TierState = dataclasses.field(default_factory=TierState, init=False, repr=False, compare=False)
 
     name = "tiered"
 
@@ -112,11 +136,6 @@ class Tiered(RAM):
         if self.ram_budget_bytes is None:
             raise ConfigError("Tiered needs ram_budget_bytes: the bytes of rows kept in RAM (e.g. 512MB)")
         object.__setattr__(self, "ram_budget_bytes", byte_budget(self.ram_budget_bytes, "ram_budget_bytes"))
-        object.__setattr__(self, "_layers", {})    # name -> (row bytes, store or {shard: store})
-        # unique in the process, the same in every fresh process: the key is part of the compiled programs
-        # (the native cold read's attribute), so a resumed run finds them in the persistent compilation cache
-        object.__setattr__(self, "_key", f"tier-{next(_KEYS)}")
-        object.__setattr__(self, "_spills", [0, 0])   # spills, spills at the last compaction
 
     def __repr__(self):
         return f"Tiered({self.directory!r}, ram_budget_bytes={self.ram_budget_bytes})"
@@ -124,7 +143,7 @@ class Tiered(RAM):
     @property
     def buffer_bytes(self) -> int:
         """RAM the cold reads use beside the budget: ``read_ahead + 2`` chunks per layer."""
-        return sum((self.read_ahead + 2) * self._chunk_for(rb) * rb for rb, _ in self._layers.values())
+        return sum((self.read_ahead + 2) * self._chunk_for(rb) * rb for rb, _ in self.state.layers.values())
 
     def _chunk_for(self, rb) -> int:
         return int(self.chunk_rows) if self.chunk_rows is not None else max(
@@ -140,13 +159,13 @@ class Tiered(RAM):
     @property
     def hot_rows_per_layer(self) -> int:
         """Rows each layer keeps on the device (the budget split over the layers' row sizes)."""
-        total = sum(rb for rb, _ in self._layers.values()) or 1
+        total = sum(rb for rb, _ in self.state.layers.values()) or 1
         return int(self.ram_budget_bytes // total)
 
     def _chunk_rows(self, mem) -> int:
         if self.chunk_rows is not None:
             return int(self.chunk_rows)
-        big = max([rb for rb, _ in self._layers.values()] + [mem.row_bytes])
+        big = max([rb for rb, _ in self.state.layers.values()] + [mem.row_bytes])
         fit = 1 << max(int(COLD_CHUNK_BYTES // big).bit_length() - 1, 0)
         quarter = 1 << max((self.hot_rows_per_layer // 4).bit_length() - 1, 0)
         return max(memlib.ROW_QUANTUM, min(fit, quarter))
@@ -193,7 +212,7 @@ class Tiered(RAM):
 
     def register(self, mem, name: str = "memory"):
         self._check_layer(mem, name)
-        self._layers.setdefault(name, (mem.row_bytes, None))
+        self.state.layers.setdefault(name, (mem.row_bytes, None))
 
     def attach(self, mem, name: str = "memory"):
         """Open (or create) the layer's cold tier and cap its hot capacity at the budget."""
@@ -205,9 +224,7 @@ class Tiered(RAM):
                               f"({mem.row_bytes} B per row for {name}); spilling needs at least 2 chunks of {chunk} "
                               f"rows: raise ram_budget_bytes or lower chunk_rows")
         store = self._open_store(join_url(self.directory, _safe(name)), mem, name, chunk)
-        key = f"{self._key}/{name}"
-        self._layers[name] = (mem.row_bytes, key)
-        _STORES[key] = store
+        key = self.state.open(name, mem.row_bytes, store)
         limit = memlib.round_capacity(hot)
         if mem.capacity > limit:   # preallocated past the budget: give the room back
             mem = memlib.with_capacity(mem, max(limit, int(mem.size)))
@@ -268,13 +285,13 @@ class Tiered(RAM):
         else:
             moved = _drop_front(mem, jnp.asarray(n, jnp.int32))
         out = moved.replace(ext={"cold": self._view(view.ref.key, store.rows, mem, c)})
-        self._spills[0] += 1
+        self.state.spills += 1
         return out
 
     def due_compaction(self) -> bool:
         """Whether ``compact_every`` spills happened since the last :meth:`compact` (the trainer
         then prunes the cold rows with the layers' policies)."""
-        return bool(self.compact_every) and self._spills[0] - self._spills[1] >= self.compact_every
+        return bool(self.compact_every) and self.state.spills - self.state.spills_at_compaction >= self.compact_every
 
     def compact(self, mem, evict: Optional[Callable] = None, keep: Optional[Callable] = None):
         """Prune the cold rows: ``evict(chunk memory) -> (chunk,) bool`` over them aged to the clock
@@ -297,7 +314,7 @@ class Tiered(RAM):
 
         jax.block_until_ready(mem.k)   # no step in flight may still read the old generation
         store.compact(t, fn, aged_rows=keep is None)
-        self._spills[1] = self._spills[0]
+        self.state.spills_at_compaction = self.state.spills
         return mem.replace(ext={"cold": self._view(view.ref.key, store.rows, mem, view.ref.chunk_rows)})
 
     def rows_in_use(self, mem) -> int:
@@ -342,14 +359,12 @@ class Tiered(RAM):
         if hot < 2 * chunk:
             raise ConfigError(f"RAM budget {self.ram_budget_bytes} B is too small: it holds {hot} rows per shard and "
                               f"layer; spilling needs at least 2 chunks of {chunk} rows: raise ram_budget_bytes")
-        key = f"{self._key}/{name}"
         stores = {}
         mine = sorted({(p.index[0].start or 0) // cs for p in mem.k.addressable_shards})
         for j in mine:
             stores[j] = self._open_store(join_url(join_url(self.directory, _safe(name)), f"shard-{j}"), mem,
                                          f"{name} shard {j}", chunk)
-        _STORES[key] = stores
-        self._layers[name] = (mem.row_bytes, key)
+        key = self.state.open(name, mem.row_bytes, stores)
         rows = {j: stores[j].rows for j in mine}
         return self._install_shard_view(sharded, mem, key, rows, chunk)
 
@@ -411,7 +426,7 @@ class Tiered(RAM):
         if refs is None:
             raise CheckpointError(f"layer {name} was saved without disk tiers: restore it into a Sharded backend "
                                   f"without a tier (inner=None)")
-        key = f"{self._key}/{name}"
+        key = f"{self.state.key}/{name}"
         if key not in _STORES:
             mem = self.attach_shards(sharded, mem, name)
         stores = _STORES[key]
