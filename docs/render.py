@@ -319,7 +319,10 @@ def _preset_value(stream: str, method: str, key: str):
 def _run_setting(config: dict, key: str):
     """A baseline run's setting ``key`` as its recorded config says: the key itself, or for ``hidden_size``
     (recorded as a key since round 4) the width in its recorded model (``SimpleMLP(1 x 32, ...)``)."""
-    if key == "hidden_size" and key not in config:
+    if key == "hidden_size":
+        plain = dict(config.items())          # either schema renders: the key, or else the model's width
+        if key in plain:
+            return plain[key]
         found = re.search(r"MLP\((?:\d+ x )?(\d+)", config["model"])
         if found is None:
             raise KeyError(f"hidden_size: neither recorded nor in the model {config['model']!r}")
