@@ -196,25 +196,12 @@ def with_capacity(mem: Memory, capacity: int, quantum: int = ROW_QUANTUM) -> Mem
     return mem.replace(**{f: pad_rows_to(getattr(mem, f), c) for f in FIELDS})
 
 
-def ensure_capacity(mem: Memory, extra: int, *, growth: float = 2.0) -> Memory:
-    """Host op: make room for ``extra`` more rows, growing capacity geometrically.
-
-    Syncs ``size`` with the device only when the rows might not fit.
-    """
-    if growth <= 1.0:
-        raise ConfigError(f"growth factor must be > 1, got {growth}")
-    need = int(mem.size) + int(extra)
-    if need <= mem.capacity:
-        return mem
-    return with_capacity(mem, max(need, int(np.ceil(mem.capacity * growth))))
-
-
 def append(mem: Memory, w, k, v, born, mask=None) -> Memory:
     """Append candidate rows where ``mask`` is True, packed contiguously after ``size``.
 
     Pure and jittable. ``w:(B,)``, ``k:(B,d_in)``, ``v:(B,d_out)``, ``born``: scalar or
     ``(B,)``, ``mask:(B,)`` bool. Rows that do not fit in the capacity are dropped and
-    ``size`` saturates at the capacity: make room first with :func:`ensure_capacity`
+    ``size`` saturates at the capacity: make room first with :func:`growmem.backends.make_room`
     (the trainer does this for you).
     """
     b = k.shape[0]

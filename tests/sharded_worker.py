@@ -53,7 +53,7 @@ def main():
     # unsharded reference from all rows (computed locally, for the check only)
     ref_mem = memlib.from_rows(rows["w"], rows["k"], rows["v"], rows["born"], spec=spec).replace(t=5)
     ref1 = np.asarray(retrieve(ref_mem, q))
-    ref_mem = memlib.append(memlib.ensure_capacity(ref_mem, 30), cand["w"], cand["k"], cand["v"], born=6).replace(t=6)
+    ref_mem = memlib.append(memlib.with_capacity(ref_mem, int(ref_mem.size) + 30), cand["w"], cand["k"], cand["v"], born=6).replace(t=6)
     ref2 = np.asarray(retrieve(ref_mem, q))
     np.savez(out, out1=out1, out2=out2, ref1=ref1, ref2=ref2, held_rows=len(held["w"]),
              host_sizes=sm.host_sizes, process_count=jax.process_count(), n_devices=len(jax.devices()))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import growmem.train as train_mod
-from growmem import GrowingLayer, GrowingSpec, ResidualGrowingNet, Trainer, memory
+from growmem import GrowingLayer, GrowingSpec, ResidualGrowingNet, Trainer, backends, memory
 from conftest import assert_in_place
 
 QUANTUM = 256  # rows are allocated in multiples of this (memory.ROW_QUANTUM)
@@ -92,17 +92,18 @@ def test_select_compacts_kept_rows_in_order():
     assert int(memory.select(mem, np.zeros(mem.capacity, bool)).size) == 0
 
 
-def test_ensure_capacity_grows_geometrically_and_keeps_rows():
+def test_make_room_grows_geometrically_and_keeps_rows():
+    """backends.make_room, the host drivers' one make-room step, on a RAM memory."""
     r = np.random.default_rng(3)
     mem = memory.empty(3, 2)
     assert mem.capacity == QUANTUM
     append = jax.jit(memory.append)
-    all_k, caps = [], [mem.capacity]
+    all_k, caps, bound = [], [mem.capacity], 0
     for step in range(50):
         # b admitted rows out of a fixed 77 candidates (one shape: one compile per capacity)
         b = int(r.choice([1, 13, 77]))
         old_cap, need = mem.capacity, int(mem.size) + b
-        grown = memory.ensure_capacity(mem, b)
+        grown, bound = backends.make_room(mem, b, bound)
         if need <= old_cap:
             assert grown is mem                                    # no copy when it fits
         else:   # geometric: at least double, rounded to the quantum
@@ -111,6 +112,7 @@ def test_ensure_capacity_grows_geometrically_and_keeps_rows():
             caps.append(grown.capacity)
         w, k, v = random_rows(r, 77)
         mem = append(grown, w, k, v, step, np.arange(77) < b)
+        bound += b
         all_k.append(k[:b])
     total = sum(len(k) for k in all_k)
     assert int(mem.size) == total
@@ -120,12 +122,16 @@ def test_ensure_capacity_grows_geometrically_and_keeps_rows():
     assert all(b >= 2 * a for a, b in zip(caps, caps[1:]))
 
 
-def test_ensure_capacity_with_other_growth_factor_and_errors():
+def test_a_trainer_refuses_a_growth_factor_that_does_not_grow():
+    model = ResidualGrowingNet(d_out=2, n_blocks=0, readout=GrowingSpec.make("weighted_softmax", eta=1.0, beta=0.5))
+    with pytest.raises(ValueError, match="growth factor must be > 1, got 1.0"):
+        Trainer(model, loss="squared_error", sample_input=np.zeros((1, 3), np.float32), growth=1.0)
+
+
+def test_make_room_with_other_growth_factor_and_errors():
     mem = memory.from_rows(np.ones(250), np.zeros((250, 2)), np.zeros((250, 1)))
-    grown = memory.ensure_capacity(mem, 10, growth=1.5)
-    assert grown.capacity == math.ceil(max(260, math.ceil(256 * 1.5)) / QUANTUM) * QUANTUM
-    with pytest.raises(ValueError):
-        memory.ensure_capacity(mem, 10, growth=1.0)
+    grown, bound = backends.make_room(mem, 10, 250, growth=1.5)
+    assert grown.capacity == math.ceil(max(260, math.ceil(256 * 1.5)) / QUANTUM) * QUANTUM and bound == 250
     big = memory.from_rows(np.ones(300), np.zeros((300, 2)), np.zeros((300, 1)))
     assert big.capacity == 2 * QUANTUM
     with pytest.raises(ValueError):
@@ -173,9 +179,10 @@ def test_thousand_appends_trace_log_n_times():
         return memory.append(mem, w, k, v, born)
 
     mem = memory.empty(d_in, d_out)
-    capacities = set()
+    capacities, bound = set(), 0
     for t in range(steps):
-        mem = memory.ensure_capacity(mem, b)
+        mem, bound = backends.make_room(mem, b, bound)
+        bound += b
         capacities.add(mem.capacity)
         mem = append_batch(mem, ws[t], ks[t], vs[t], t)
     n = steps * b

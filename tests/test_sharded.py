@@ -36,7 +36,7 @@ FOUR_DEVICES = textwrap.dedent("""
                 rs.randn(300, e).astype(np.float32))
         mask = rs.rand(300) > 0.3
         ref = np.asarray(retrieve(mem, q))
-        grown = memlib.append(memlib.ensure_capacity(mem, 300), *cand, born=11, mask=mask).replace(t=11)
+        grown = memlib.append(memlib.with_capacity(mem, int(mem.size) + 300), *cand, born=11, mask=mask).replace(t=11)
         ref2 = np.asarray(retrieve(grown, q))
         scale = np.abs(ref).max() + 1.0
         grid = [(1, "round_robin"), (2, "least_filled"), (4, "round_robin"), (4, "least_filled")]
