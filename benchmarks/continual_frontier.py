@@ -55,8 +55,8 @@ import json
 import os
 import sys
 import time
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import flat_settings, newer_point, stale_point  # noqa: E402
@@ -108,14 +108,15 @@ ANCHORS = (
     {"method": "GDumb", "stream": "split_mnist", "protocol": "offline", "samples": 4400, "accuracy": 0.978,
      "source": "Prabhu et al., GDumb, ECCV 2020"},
 )
-#: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
-#: the preset's or the rule's value sits inside every grid
 def _er_n_in(method) -> int:
+    """The inputs of an online replay's model: 784 pixels, or its codes' size."""
     from growmem.continual.baselines import er_codes
     codes = er_codes(method, 784)
     return 784 if codes is None else codes.key_dim
 
 
+#: the validation grid (``--tune``): each entry a function of (budget, stream) giving the settings tried;
+#: the preset's or the rule's value sits inside every grid
 def _er_widths(budget, method):
     """From an eighth of the width :func:`growmem.continual.baselines.er_width` gives ``method`` (half its
     float32 parameters in the budget) up by doublings to the widest whose parameters fit the budget at all: a
