@@ -71,8 +71,8 @@ MODES = ("per_query", "shared")
 #: probed per query (the lists trained at ``train_at`` rows); the exact run up to ``exact_rows`` (its step reads
 #: every row: about 7 h a seed to 2 M rows here, so it stops well before the indexed run)
 TRAINING = {
-    "smoke": dict(rows=6_144, exact_rows=3_072, batch=64, checkpoints=(1_024, 3_072, 6_144), n_lists=32, nprobe=4,
-                  train_at=1_024, shared=False, test_size=512, seeds=(0,),
+    "smoke": dict(rows=4_096, exact_rows=2_048, batch=64, checkpoints=(1_024, 2_048, 4_096), n_lists=8, nprobe=2,
+                  train_at=512, shared=False, test_size=256, seeds=(0,),
                   gws=dict(temperature=1.0, eta=10.0, beta=1.0, momentum=0.6)),
     "cpu": dict(rows=10_240_000, exact_rows=512_000, batch=64,
                 checkpoints=(64_000, 128_000, 256_000, 512_000, 1_024_000, 2_048_000, 5_120_000, 10_240_000),

@@ -234,11 +234,11 @@ def test_the_training_part_trains_through_the_index_beside_the_exact_run(tmp_pat
     doc = json.loads((tmp_path / "indexed_training.json").read_text())
     assert (tmp_path / "indexed_training.png").read_bytes()[:4] == b"\x89PNG"
     ix, ex = (next(r for r in doc["runs"] if r["mode"] == m) for m in ("indexed", "exact"))
-    assert [n for n, _ in ix["curve"]] == [0, 1_024, 3_072, 6_144] and [n for n, _ in ex["curve"]] == [0, 1_024, 3_072]
+    assert [n for n, _ in ix["curve"]] == [0, 1_024, 2_048, 4_096] and [n for n, _ in ex["curve"]] == [0, 1_024, 2_048]
     assert ix["rows"] >= cfg["rows"] > ex["rows"] >= cfg["exact_rows"]       # a row a sample, and the first B rows
     assert all(b[1] > a[1] for a, b in zip(ix["wall"], ix["wall"][1:]))
     s = summary["by_seed"]["0"]
-    assert s["compared_at_rows"] == 3_072 and s["indexed_rows"] == ix["rows"]
-    at = {"indexed": dict(map(tuple, ix["curve"]))[3_072], "exact": dict(map(tuple, ex["curve"]))[3_072]}
+    assert s["compared_at_rows"] == 2_048 and s["indexed_rows"] == ix["rows"]
+    at = {"indexed": dict(map(tuple, ix["curve"]))[2_048], "exact": dict(map(tuple, ex["curve"]))[2_048]}
     assert s["relative_test_loss_at_compared"] == at and 0 < at["exact"] < 1
     np.testing.assert_allclose(at["indexed"], at["exact"], rtol=1e-2)
