@@ -25,9 +25,10 @@ speed-up, errors and recall, and the load average around the run.
 sample; the T, η, β, μ ``growmem repro teacher-student`` chose) on fresh teacher samples up to ``rows``
 rows with its rows read through an :class:`~growmem.backends.indexed.Indexed` backend, and the same model,
 seed and samples read exactly (the RAM backend) up to ``exact_rows``; at each checkpoint the test MSE over
-the targets' variance and the seconds of training so far. Writes ``indexed_training.{json,png}``:
-``summary`` holds, per seed, the indexed run's rows and wall time, and both runs' test loss at the largest
-checkpoint the exact run reached.
+the targets' variance and the seconds of training so far; after the indexed run, the share of the exact
+kernel's weight its probe reads (:func:`growmem.index.weight_read` over test queries: how local the kernel is
+at that T). Writes ``indexed_training.{json,png}``: ``summary`` holds, per seed, the indexed run's rows, wall
+time and weight read, and both runs' test loss at the largest checkpoint the exact run reached.
 
     python benchmarks/indexed.py --part training --preset cpu --seeds 0   # 10^7 rows (an hour or more)
 """
@@ -226,11 +227,24 @@ def train_run(cfg: dict, seed: int, *, indexed: bool, bar) -> dict:
     b = cfg["batch"]
     backend = Indexed(cfg["n_lists"], cfg["nprobe"], train_at=cfg["train_at"], shared=cfg["shared"], seed=seed) \
         if indexed else None
+    def weight_read(trainer):
+        """The share of the exact kernel's weight (w e^s) the probe reads, over the test queries: how local the
+        trained layer's kernel is at its T."""
+        from growmem.layers import rms_norm
+        (mem,) = trainer.memories().values()
+        ix = None if mem.ext is None else mem.ext.get("ivf")
+        if ix is None:
+            return {}
+        share = ivf.weight_read(KERNEL, ix, rms_norm(jnp.asarray(test[0][:256])), mem.k, mem.w,
+                                nprobe=cfg["nprobe"], temperature=mem.spec.temperature, size=int(mem.size))
+        return {"weight_read": float(jnp.mean(share))}
+
     r = run_growing_ws(task, steps=rows // b, batch=b, test=test, seed=seed, backend=backend,
                        eval_at=[c // b for c in cfg["checkpoints"] if c <= rows], progress=bar.update,
-                       **cfg["gws"])
+                       inspect=weight_read, **cfg["gws"])
     return {"seed": seed, "mode": "indexed" if indexed else "exact", "rows": int(sum(r["rows"].values())),
-            "curve": [[n, mse / var] for n, mse in r["curve"]], "wall": r["wall"], "seconds": r["seconds"]}
+            "curve": [[n, mse / var] for n, mse in r["curve"]], "wall": r["wall"], "seconds": r["seconds"],
+            **({"weight_read": r["weight_read"]} if "weight_read" in r else {})}
 
 
 def training(args) -> dict:
@@ -249,6 +263,7 @@ def training(args) -> dict:
         at = max(n for n, _ in ex["curve"])
         loss = lambda r: next(v for n, v in r["curve"] if n == at)  # noqa: E731
         by_seed[str(s)] = {"indexed_rows": ix["rows"], "indexed_seconds": ix["wall"][-1][1],
+                           "weight_read": ix.get("weight_read"),
                            "final_relative_test_loss": ix["curve"][-1][1], "compared_at_rows": at,
                            "relative_test_loss_at_compared": {"indexed": loss(ix), "exact": loss(ex)},
                            "seconds_to_compared": {"indexed": next(t for n, t in ix["wall"] if n == at),
@@ -261,7 +276,8 @@ def training(args) -> dict:
     png = plot_training(runs, args.out)
     for s, x in by_seed.items():
         c = x["relative_test_loss_at_compared"]
-        print(f"seed {s}: indexed {x['indexed_rows']:,} rows in {x['indexed_seconds']:.0f} s, test loss / variance "
+        print(f"seed {s}: indexed {x['indexed_rows']:,} rows in {x['indexed_seconds']:.0f} s (the probe reads "
+              f"{x['weight_read']:.3f} of the exact kernel's weight), test loss / variance "
               f"{x['final_relative_test_loss']:.4f}; at {x['compared_at_rows']:,} rows indexed {c['indexed']:.4f} "
               f"against exact {c['exact']:.4f} ({x['seconds_to_compared']['indexed']:.0f} s against "
               f"{x['seconds_to_compared']['exact']:.0f} s of training)")

@@ -1,4 +1,6 @@
 """growmem.index: inverted-file retrieval against the exact scan of growmem.kernels."""
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -242,3 +244,27 @@ def test_the_training_part_trains_through_the_index_beside_the_exact_run(tmp_pat
     at = {"indexed": dict(map(tuple, ix["curve"]))[2_048], "exact": dict(map(tuple, ex["curve"]))[2_048]}
     assert s["relative_test_loss_at_compared"] == at and 0 < at["exact"] < 1
     np.testing.assert_allclose(at["indexed"], at["exact"], rtol=1e-2)
+    assert s["weight_read"] == ix["weight_read"] and abs(s["weight_read"] - 1) < 1e-4   # every list probed
+
+
+@pytest.mark.parametrize("kernel", ["weighted_softmax", "rbf"])
+def test_weight_read_is_the_probed_share_of_the_exact_weight(kernel):
+    """Against a float64 sum over the rows each query's lists hold (an independent computation), 1 when every
+    list is probed, and smaller for the broader kernel (a larger T) on the same probe."""
+    q, k, v, w, _ = _clustered(n=900)
+    ix = _index(kernel, k, n_lists=12, list_capacity=300)
+    T = 20.0
+    got = np.asarray(I.weight_read(kernel, ix, q, k, w, nprobe=2, temperature=T, chunk=256))
+    kern = K.get(kernel)
+    a = kern.scale / (T * math.sqrt(k.shape[1]))                     # alpha = scale / (T sqrt(d))
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    s = a * q64 @ k64.T if kernel == "weighted_softmax" else -a * ((q64[:, None, :] - k64[None]) ** 2).sum(-1)
+    wt = w[None].astype(np.float64) * np.exp(s - s.max(1, keepdims=True))
+    cand = np.asarray(I.candidates(ix, q, 2))
+    want = np.array([wt[i, c[c >= 0]].sum() / wt[i].sum() for i, c in enumerate(cand)])
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    assert 0.05 < want.min() and want.max() < 0.999                  # the probe misses some of the weight
+    np.testing.assert_allclose(np.asarray(I.weight_read(kernel, ix, q, k, w, nprobe=12, temperature=T)), 1.0,
+                               rtol=1e-4)
+    broad = np.asarray(I.weight_read(kernel, ix, q, k, w, nprobe=2, temperature=50 * T))
+    assert broad.mean() < got.mean()

@@ -74,16 +74,19 @@ def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None
 
 
 def run_growing_ws(task: TeacherStudent, *, steps, batch, temperature, eta, beta, momentum=0.0,
-                   eval_every=100, test=None, progress=None, seed=0, eval_at=None, backend=None) -> Dict:
+                   eval_every=100, test=None, progress=None, seed=0, eval_at=None, backend=None,
+                   inspect: Optional[Callable[[Trainer], Dict]] = None) -> Dict:
     """Single growing weighted-softmax layer on RMSNorm(x) (Table 2). ``backend``: where its rows live and how
-    a step reads them (default: RAM, the exact scan; e.g. :class:`growmem.backends.indexed.Indexed`)."""
+    a step reads them (default: RAM, the exact scan; e.g. :class:`growmem.backends.indexed.Indexed`).
+    ``inspect(trainer)``: a dict merged into the result after training."""
     spec = growing_ws_spec(temperature=temperature, eta=eta, beta=beta, momentum=momentum, batch=batch)
     model = ResidualGrowingNet(d_out=task.d_out, n_blocks=0, readout=spec)
     test = test or task.test_set()
     trainer = Trainer(model, loss="squared_error", sample_input=test[0][:batch], rng=jax.random.key(seed),
                       backend=backend)
-    return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
-                 eval_at=eval_at)
+    out = _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
+                eval_at=eval_at)
+    return {**out, **(inspect(trainer) if inspect is not None else {})}
 
 
 def run_parametric_softmax(task: TeacherStudent, *, steps, batch, width, temperature, lr, b1=0.85,
