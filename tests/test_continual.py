@@ -563,3 +563,32 @@ def test_a_network_with_an_input_key_space_allocates_within_its_budget():
         assert space > 0 and b["bytes_allocated"] <= 100_000
         other, per_row = learner._sizes
         assert 100_000 - b["bytes_allocated"] < per_row          # and no more than a row's worth is left unused
+
+
+def test_avalanches_own_deprecation_warnings_are_hidden_during_a_baselines_training_only():
+    """Avalanche's decorator puts a "once" filter first on every call, so only the display can drop them;
+    any other warning, and the same warning outside the context, still comes through."""
+    import warnings
+
+    from avalanche._annotations import deprecated
+
+    from growmem.continual.baselines import avalanche_deprecations_hidden
+
+    @deprecated(0.7, "switch to post_adapt")
+    def update():
+        return 1
+
+    def shown(call):
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always")
+            call()
+        return [str(w.message) for w in log]
+
+    def inside():
+        with avalanche_deprecations_hidden():
+            update()
+            update()
+            warnings.warn("kept", DeprecationWarning)
+
+    assert shown(inside) == ["kept"]
+    assert shown(update)[0].startswith("Call to deprecated function update (removal in version 0.7")

@@ -357,7 +357,8 @@ def _run_baseline(stream: Stream, method: Method, seed: int, *, budget, epochs, 
         skip = final_only and e < n_exp - 1     # the buffer is filled; the model is reset at the next experience
         kept, strategy.train_epochs = strategy.train_epochs, 0 if skip else strategy.train_epochs
         try:
-            train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
+            with B.avalanche_deprecations_hidden():
+                train_metrics = strategy.train(unit, **B.train_kwargs(method.name, stream, settings))
         finally:
             strategy.train_epochs = kept
         if prog.bar is not None:
