@@ -143,8 +143,9 @@ def _widest_fit_reason(method: str, setting: str, value, budget) -> Optional[str
     nxt = er_model_bytes(_er_n_in(method), 2 * int(value), 10)
     if nxt < budget:
         return None
+    size = f"{nxt / 1e3:.0f} kB" if nxt < 1e6 else f"{nxt / 1e6:.2g} MB"
     return (f"the widest model of the grid whose float32 parameters fit {budget / 1e6:g} MB at all "
-            f"({2 * int(value)} units take {nxt / 1e6:.2g} MB)")
+            f"({2 * int(value)} units take {size})")
 
 
 def _cross(center: dict, **axes):

@@ -495,6 +495,10 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
     assert e["edge_reasons"] == {"hidden_size": f"the widest model of the grid whose float32 parameters fit 15.7 MB "
                                                 f"at all ({2 * widths[-1]} units take {nxt / 1e6:.2g} MB)"}
     assert cf._tuned_entry("er_balanced:proj", pts[:-1], 1, "online", budget=15_700_000)["edge_reasons"] == {}
+    small = cf._tuned_entry("er_reservoir:raw", [dict(p, settings={"hidden_size": w}) for p, w in zip(pts, (8, 16))],
+                            1, "online", budget=100_000)
+    assert small["edge_reasons"]["hidden_size"].endswith(f"(32 units take "
+                                                         f"{B.er_model_bytes(784, 32, 10) / 1e3:.0f} kB)")
 
 
 def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):
