@@ -39,7 +39,7 @@ def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eva
     """Train on fresh teacher samples with :func:`growmem.train.fit`; the test-MSE curve at every
     ``eval_every`` steps, or only at the steps ``eval_at`` when given (and at the end)."""
     xt, yt = test
-    train_loss, wall, t0, eval_s = [], [], time.perf_counter(), [0.0]
+    train_loss, wall, eval_s = [], [], [0.0]
     at = None if eval_at is None else {int(s) for s in eval_at if 0 < s <= steps} | {steps}
     every = eval_every if at is None else math.gcd(*sorted(at))
 
@@ -59,6 +59,7 @@ def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eva
             progress(1)
 
     first = float(squared_error(trainer.predict(xt), yt))
+    t0 = time.perf_counter()                                  # read by evaluate, after the first prediction
     out = fit(trainer, lambda step: task.batch(step, batch, stream_seed), steps=steps, on_step=on_step,
               evaluate=evaluate, eval_every=every)   # a diverged run stops: it cannot recover
     curve = [[0, first]] + [[e["step"] * batch, e["mse"]] for e in out["evals"] if "mse" in e]
