@@ -61,7 +61,7 @@ TEMPERATURE = 1.0
 
 
 def geometric_capacity(n: int, growth: float = 2.0) -> int:
-    """The capacity that ``memory.ensure_capacity`` reaches when rows arrive a batch at a time."""
+    """The capacity that ``backends.make_room`` reaches when rows arrive a batch at a time."""
     cap = memory.ROW_QUANTUM
     while cap < n:
         cap = memory.round_capacity(math.ceil(cap * growth))

@@ -53,7 +53,7 @@ def _fill(tier, mem=None, **kw):
         tier.append(w, k, v, born=born, mask=m)
         tier.advance()
         if mem is not None:
-            mem = memlib.append(memlib.ensure_capacity(mem, len(w)), w, k, v, born=born, mask=m)
+            mem = memlib.append(memlib.with_capacity(mem, int(mem.size) + len(w)), w, k, v, born=born, mask=m)
             mem = mem.replace(t=mem.t + 1)
     return mem
 
