@@ -70,7 +70,8 @@ MODES = ("per_query", "shared")
 #: ``--part training``: the teacher-student GWS of ``growmem repro teacher-student`` (T, η, β, μ: its selection on
 #: 64,000 samples, benchmarks/results/repro/teacher-student.json), rows read through ``n_lists`` lists, ``nprobe``
 #: probed per query (the lists trained at ``train_at`` rows); the exact run up to ``exact_rows`` (its step reads
-#: every row: about 7 h a seed to 2 M rows here, so it stops well before the indexed run)
+#: every row, a step's cost grows with the rows: hours a seed to 2 M rows here, so it stops well before the
+#: indexed run)
 TRAINING = {
     "smoke": dict(rows=4_096, exact_rows=2_048, batch=64, checkpoints=(1_024, 2_048, 4_096), n_lists=8, nprobe=2,
                   train_at=512, shared=False, test_size=256, seeds=(0,),
@@ -227,6 +228,7 @@ def train_run(cfg: dict, seed: int, *, indexed: bool, bar) -> dict:
     b = cfg["batch"]
     backend = Indexed(cfg["n_lists"], cfg["nprobe"], train_at=cfg["train_at"], shared=cfg["shared"], seed=seed) \
         if indexed else None
+
     def weight_read(trainer):
         """The share of the exact kernel's weight (w e^s) the probe reads, over the test queries: how local the
         trained layer's kernel is at its T."""
