@@ -396,29 +396,17 @@ def recall(index: IVF, q, k, *, nprobe: int, top: int = 10, size: Optional[int] 
 
 
 def weight_read(kernel, index: IVF, q, k, w=None, *, nprobe: int, temperature=1.0, size: Optional[int] = None,
-                chunk: int = ASSIGN_CHUNK) -> jax.Array:
-    """``(B,)``: the share of the exact kernel's total weight ``Σ_i w_i e^{s_i}`` over the rows ``k[:size]`` that
-    the rows a query reads (its ``nprobe`` lists and the overflow list) hold — 1 where the probe misses nothing
-    the kernel weighs. Where the scores spread little (a large T, keys spread evenly), most of the weight lies
-    outside any few lists, whatever the recall of the top rows (:func:`recall`)."""
+                chunk: int = K.DEFAULT_CHUNK) -> jax.Array:
+    """``(B,)``: the share of the exact kernel's total weight over the rows ``k[:size]`` that the rows a query
+    reads (its ``nprobe`` lists and the overflow list) hold — ``Σ w_i e^{s_i}`` for a normalised kernel (its
+    denominator), ``Σ e^{s_i}`` for the RBF kernel: the exact partial (:func:`growmem.kernels.reduce`) against
+    the probed one (:func:`reduce`), with ṽ = 1; 1 where the probe misses nothing the kernel weighs. Where the
+    scores spread little (a large T, keys spread evenly), most of the weight lies outside any few lists,
+    whatever the recall of the top rows (:func:`recall`)."""
     kern = _local(kernel)
     q = jnp.asarray(q, jnp.float32)
-    kk = jnp.asarray(k)
-    n = kk.shape[0] if size is None else int(size)
-    ww = jnp.ones((n,), jnp.float32) if w is None else jnp.asarray(w, jnp.float32)[:n]
-    alpha = kern.alpha(jnp.asarray(temperature, jnp.float32), q.shape[1])
-    q2 = jnp.sum(q * q, axis=1)
-    log_w = jnp.log(jnp.maximum(ww, 1e-30))
-
-    def log_weights(a, b):                     # (B, b - a): log(w_i) + s_i
-        return kern.scores(q, q2, kk[a:b].astype(jnp.float32), alpha) + log_w[None, a:b]
-
-    total = jax.nn.logsumexp(jnp.concatenate([jax.nn.logsumexp(log_weights(a, min(n, a + chunk)), axis=1,
-                                                                keepdims=True) for a in range(0, n, chunk)], 1), 1)
-    ids = candidates(index, q, nprobe)                                   # (B, m), -1 where no row
-    ok = (ids >= 0) & (ids < n)
-    safe = jnp.where(ok, ids, 0)
-    s = jax.vmap(lambda qi, q2i, r: kern.scores(qi[None], q2i[None], kk[r].astype(jnp.float32), alpha)[0])(
-        q, q2, safe) + log_w[safe]
-    read = jax.nn.logsumexp(jnp.where(ok, s, -jnp.inf), axis=1)
-    return jnp.exp(read - total)
+    ones = jnp.ones((np.shape(k)[0], 1), jnp.float32)
+    exact = K.reduce(kern, q, k, ones, w, temperature=temperature, size=size, chunk=chunk, row_grads=False)
+    read = reduce(kern, index, q, k, ones, w, nprobe=nprobe, temperature=temperature, row_grads=False)
+    weight = (lambda p: p.den) if kern.normalised else (lambda p: p.num[:, 0])
+    return jnp.exp(read.m - exact.m) * weight(read) / weight(exact)

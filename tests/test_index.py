@@ -259,7 +259,7 @@ def test_weight_read_is_the_probed_share_of_the_exact_weight(kernel):
     a = kern.scale / (T * math.sqrt(k.shape[1]))                     # alpha = scale / (T sqrt(d))
     q64, k64 = q.astype(np.float64), k.astype(np.float64)
     s = a * q64 @ k64.T if kernel == "weighted_softmax" else -a * ((q64[:, None, :] - k64[None]) ** 2).sum(-1)
-    wt = w[None].astype(np.float64) * np.exp(s - s.max(1, keepdims=True))
+    wt = (w[None].astype(np.float64) if kern.normalised else 1.0) * np.exp(s - s.max(1, keepdims=True))  # RBF: no w
     cand = np.asarray(I.candidates(ix, q, 2))
     want = np.array([wt[i, c[c >= 0]].sum() / wt[i].sum() for i, c in enumerate(cand)])
     np.testing.assert_allclose(got, want, rtol=1e-4)
