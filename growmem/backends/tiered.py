@@ -95,9 +95,13 @@ class TierState:
         self.spills = 0
         self.spills_at_compaction = 0
 
+    def key_of(self, name: str) -> str:
+        """The key layer ``name``'s stores are registered under."""
+        return f"{self.key}/{name}"
+
     def open(self, name: str, bytes_per_row: int, stores) -> str:
         """Register layer ``name``'s open store (or ``{shard: store}``); returns the key a view reads it by."""
-        key = f"{self.key}/{name}"
+        key = self.key_of(name)
         _STORES[key] = stores
         self.layers[name] = (bytes_per_row, key)
         return key
@@ -426,7 +430,7 @@ class Tiered(RAM):
         if refs is None:
             raise CheckpointError(f"layer {name} was saved without disk tiers: restore it into a Sharded backend "
                                   f"without a tier (inner=None)")
-        key = f"{self.state.key}/{name}"
+        key = self.state.key_of(name)
         if key not in _STORES:
             mem = self.attach_shards(sharded, mem, name)
         stores = _STORES[key]
