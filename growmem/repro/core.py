@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
+import shutil
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -286,7 +289,11 @@ class Context:
         self.bar = None
         self._progress = progress
         self._partial = self.out / f"{name}.partial.jsonl"
+        self._units = self.out / f"{name}.units"    # the running unit's checkpoints (Context.unit_dir)
+        self._unit: Optional[str] = None
         self._done: Dict[str, Any] = {}
+        if not resume:
+            shutil.rmtree(self._units, ignore_errors=True)
         if resume and self._partial.exists():
             for line in self._partial.read_text().splitlines():
                 try:
@@ -328,20 +335,100 @@ class Context:
         if k in self._done:
             self.update(steps)
             return self._done[k]
-        result = fn()
+        self._unit = k
+        try:
+            result = fn()
+            folder = self.unit_dir()
+        finally:
+            self._unit = None
         from ..reporting import _jsonable
         result = _jsonable(result)
         self.out.mkdir(parents=True, exist_ok=True)
         with self._partial.open("a") as f:
             f.write(json.dumps({"preset": self.preset, "key": k, "result": result}) + "\n")
         self._done[k] = result
+        shutil.rmtree(folder, ignore_errors=True)   # finished: its result is the cache's line, not the checkpoint
         return result
+
+    def unit_dir(self) -> Optional[Path]:
+        """The folder where the unit :meth:`cached` is running keeps its in-progress checkpoints
+        (:class:`UnitCheckpoint`), named by the unit's key; None outside :meth:`cached`. ``--resume`` goes on
+        from them; a run without it removes them at its start."""
+        if self._unit is None:
+            return None
+        return self._units / hashlib.sha1(f"{self.preset}/{self._unit}".encode()).hexdigest()[:16]
 
     def finish(self):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         self._partial.unlink(missing_ok=True)
+        shutil.rmtree(self._units, ignore_errors=True)
+
+
+class UnitCheckpoint:
+    """A long unit of a reproduction that a kill does not lose: :func:`growmem.train.fit` with the trainer, the
+    loop's own record (``carry``: a JSON dict its callbacks fill) and the evaluations so far checkpointed in
+    ``folder`` (a :class:`~growmem.checkpoint.Checkpointer` keeping the latest) every ``every`` steps, once at
+    least ``min_seconds`` passed since the last one (the last step is not saved: the finished unit is the
+    cache's line). Built again on the same folder (``--resume``), it restores the trainer and ``carry`` and
+    :meth:`fit` goes on from that step — bitwise, where the batches are a function of the step.
+    ``folder`` None: a plain ``fit``, nothing saved. ``key``: checked against the saved one."""
+
+    def __init__(self, folder: Optional[Path], trainer, *, every: int, min_seconds: float = 600.0, key=None):
+        if every < 1:
+            raise ConfigError(f"a unit checkpoints every >= 1 steps, got every={every}")
+        self.trainer, self.every, self.min_seconds = trainer, int(every), float(min_seconds)
+        self.key = None if key is None else json.loads(json.dumps(key, default=str))
+        self.start, self.carry, self.evals, self._spent = 0, {}, [], 0.0
+        self._ck, self._t0 = None, None
+        if folder is None:
+            return
+        from ..checkpoint import Checkpointer
+        self._ck = Checkpointer(folder, keep=1)
+        if self._ck.latest_step() is not None:
+            r = self._ck.restore(trainer, config=self.key)
+            self.start, self._spent = r.step, float(r.extra["seconds"])
+            self.carry, self.evals = r.extra["carry"], r.extra["evals"]
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the state came from a checkpoint (``carry`` holds what the loop recorded before it)."""
+        return self.start > 0
+
+    def seconds(self) -> float:
+        """The unit's seconds so far, over every process that ran it (checkpoint writes left out)."""
+        return self._spent + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
+
+    def fit(self, batches, *, steps: int, evaluate=None, eval_every: int = 0, **kw) -> dict:
+        """``growmem.train.fit`` from :attr:`start` to ``steps``; its ``evals`` from step 0 on and its
+        ``seconds`` over every process that ran the unit."""
+        from ..train import fit
+        last = [time.perf_counter()]
+
+        def ev(step):
+            e = evaluate(step)
+            if e:
+                self.evals.append(dict(e, step=step))
+            return e
+
+        def save(step):
+            if self._ck is None or step == steps or time.perf_counter() - last[0] < self.min_seconds:
+                return
+            self._spent, self._t0 = self.seconds(), None
+            self._ck.save(self.trainer, step, config=self.key,
+                          extra={"carry": self.carry, "evals": self.evals, "seconds": self._spent})
+            last[0] = self._t0 = time.perf_counter()
+
+        self._t0 = time.perf_counter()
+        try:
+            out = fit(self.trainer, batches, steps=steps, start=self.start, checkpoint=save, every=self.every,
+                      evaluate=ev if evaluate is not None else None, eval_every=eval_every, **kw)
+        finally:
+            self._spent, self._t0 = self.seconds(), None
+            if self._ck is not None:
+                self._ck.close()
+        return {**out, "evals": list(self.evals), "seconds": self._spent}
 
 
 def sweep(ctx: Context, model: str, grid: Sequence[dict], fn: Callable[[dict], dict], *,

@@ -19,7 +19,7 @@ first checkpoint from which a claimed ordering holds (in the means) at every lat
 from __future__ import annotations
 
 import math
-import time
+from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 import jax
@@ -27,44 +27,56 @@ import optax
 
 from ..data.teacher_student import TeacherStudent
 from ..layers import GrowingSpec, ParametricSoftmax, ResidualGrowingNet, TeacherMLP
-from ..train import Trainer, fit, squared_error
+from ..train import Trainer, squared_error
 from . import core
 from .core import Context, Experiment
 
 # ------------------------------------------------------------------------------------------ the runs
 
+#: a run that a reproduction's cache holds checkpoints itself about this often (seconds; ``--resume`` goes on
+#: from its last checkpoint)
+UNIT_EVERY_S = 600.0
+
+
 def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eval_every: int,
           test, progress: Optional[Callable[[int], None]] = None, stream_seed: int = 1,
-          eval_at: Optional[Sequence[int]] = None) -> Dict:
+          eval_at: Optional[Sequence[int]] = None, unit: Optional[Path] = None,
+          unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Train on fresh teacher samples with :func:`growmem.train.fit`; the test-MSE curve at every
-    ``eval_every`` steps, or only at the steps ``eval_at`` when given (and at the end)."""
+    ``eval_every`` steps, or only at the steps ``eval_at`` when given (and at the end). ``unit``: a folder
+    where the run checkpoints itself about every ``unit_every_s`` seconds and from which a rerun goes on
+    (:class:`growmem.repro.core.UnitCheckpoint`; the batches are a function of the step, so it is exact)."""
     xt, yt = test
-    train_loss, wall, eval_s = [], [], [0.0]
     at = None if eval_at is None else {int(s) for s in eval_at if 0 < s <= steps} | {steps}
     every = eval_every if at is None else math.gcd(*sorted(at))
+    run = core.UnitCheckpoint(unit, trainer, every=every, min_seconds=unit_every_s,
+                              key={"steps": steps, "batch": batch, "every": every, "stream_seed": stream_seed})
+    rec = run.carry          # what the loop records, checkpointed with the trainer
+    if not run.resumed:
+        rec.update(first=float(squared_error(trainer.predict(xt), yt)), train_loss=[], wall=[], eval_s=0.0)
+    elif progress:
+        progress(run.start)
 
     def evaluate(step):
         if at is not None and step not in at:
             return {}
-        t = time.perf_counter()
-        wall.append([step * batch, t - t0 - eval_s[0]])       # seconds of training so far, evaluations left out
+        t = run.seconds()
+        rec["wall"].append([step * batch, t - rec["eval_s"]])   # seconds of training so far, evaluations left out
         mse = float(squared_error(trainer.predict(xt), yt))
-        eval_s[0] += time.perf_counter() - t
+        rec["eval_s"] += run.seconds() - t
         return {"mse": mse if math.isfinite(mse) else float("inf")}
 
     def on_step(step, m):
         if step % every == 0 or step == steps:
-            train_loss.append([step * batch, float(m["loss"])])
+            rec["train_loss"].append([step * batch, float(m["loss"])])
         if progress:
             progress(1)
 
-    first = float(squared_error(trainer.predict(xt), yt))
-    t0 = time.perf_counter()                                  # read by evaluate, after the first prediction
-    out = fit(trainer, lambda step: task.batch(step, batch, stream_seed), steps=steps, on_step=on_step,
-              evaluate=evaluate, eval_every=every)   # a diverged run stops: it cannot recover
-    curve = [[0, first]] + [[e["step"] * batch, e["mse"]] for e in out["evals"] if "mse" in e]
-    return {"curve": curve, "train_loss": train_loss, "final_test_loss": curve[-1][1],
-            "seconds": out["seconds"], "rows": trainer.rows_in_use(), "wall": wall}
+    out = run.fit(lambda step: task.batch(step, batch, stream_seed), steps=steps, on_step=on_step,
+                  evaluate=evaluate, eval_every=every)   # a diverged run stops: it cannot recover
+    curve = [[0, rec["first"]]] + [[e["step"] * batch, e["mse"]] for e in out["evals"] if "mse" in e]
+    return {"curve": curve, "train_loss": rec["train_loss"], "final_test_loss": curve[-1][1],
+            "seconds": out["seconds"], "rows": trainer.rows_in_use(), "wall": rec["wall"]}
 
 
 def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None) -> GrowingSpec:
@@ -76,40 +88,44 @@ def growing_ws_spec(*, temperature, eta, beta, momentum=0.0, batch=64, clip=None
 
 def run_growing_ws(task: TeacherStudent, *, steps, batch, temperature, eta, beta, momentum=0.0,
                    eval_every=100, test=None, progress=None, seed=0, eval_at=None, backend=None,
-                   inspect: Optional[Callable[[Trainer], Dict]] = None) -> Dict:
+                   inspect: Optional[Callable[[Trainer], Dict]] = None, unit: Optional[Path] = None,
+                   unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Single growing weighted-softmax layer on RMSNorm(x) (Table 2). ``backend``: where its rows live and how
     a step reads them (default: RAM, the exact scan; e.g. :class:`growmem.backends.indexed.Indexed`).
-    ``inspect(trainer)``: a dict merged into the result after training."""
+    ``inspect(trainer)``: a dict merged into the result after training. ``unit``, ``unit_every_s``: the
+    folder where the run checkpoints itself, and how often (:func:`_loop`)."""
     spec = growing_ws_spec(temperature=temperature, eta=eta, beta=beta, momentum=momentum, batch=batch)
     model = ResidualGrowingNet(d_out=task.d_out, n_blocks=0, readout=spec)
     test = test or task.test_set()
     trainer = Trainer(model, loss="squared_error", sample_input=test[0][:batch], rng=jax.random.key(seed),
                       backend=backend)
     out = _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
-                eval_at=eval_at)
+                eval_at=eval_at, unit=unit, unit_every_s=unit_every_s)
     return {**out, **(inspect(trainer) if inspect is not None else {})}
 
 
 def run_parametric_softmax(task: TeacherStudent, *, steps, batch, width, temperature, lr, b1=0.85,
-                           eval_every=100, test=None, progress=None, seed=0, eval_at=None) -> Dict:
+                           eval_every=100, test=None, progress=None, seed=0, eval_at=None, unit: Optional[Path] = None,
+                           unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Fixed-size softmax keys/values trained by Adam (F.5, Table 6)."""
     model = ParametricSoftmax(width=width, d_out=task.d_out, temperature=temperature)
     test = test or task.test_set()
     trainer = Trainer(model, loss="squared_error", tx=optax.adam(lr, b1=b1), sample_input=test[0][:batch],
                       rng=jax.random.key(seed))
     return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
-                 eval_at=eval_at)
+                 eval_at=eval_at, unit=unit, unit_every_s=unit_every_s)
 
 
 def run_reference_mlp(task: TeacherStudent, *, steps, batch, width, lr, momentum=0.0,
-                      eval_every=100, test=None, progress=None, seed=0, eval_at=None) -> Dict:
+                      eval_every=100, test=None, progress=None, seed=0, eval_at=None, unit: Optional[Path] = None,
+                      unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Over-parameterised student with the teacher's architecture, trained by SGD (Table 13)."""
     model = TeacherMLP(width=width, n_layers=task.n_layers, d_out=task.d_out, use_bias=True)
     test = test or task.test_set()
     tx = optax.sgd(lr, momentum=momentum or None)
     trainer = Trainer(model, loss="squared_error", tx=tx, sample_input=test[0][:batch], rng=jax.random.key(seed))
     return _loop(trainer, task, steps=steps, batch=batch, eval_every=eval_every, test=test, progress=progress,
-                 eval_at=eval_at)
+                 eval_at=eval_at, unit=unit, unit_every_s=unit_every_s)
 
 
 # ------------------------------------------------------------------------------------------ the experiment
@@ -125,7 +141,7 @@ PRESETS = {
                   gws=dict(beta=[0.3], eta=[30.0], temperature=[1.0], momentum=[0.6]),
                   psm=dict(lr=[0.003], temperature=[1.0]),
                   mlp=dict(width=[256], lr=[0.03, 0.1], momentum=[0.9]),
-                  extend={"mlp": {"lr": 1}}, edge_reasons={}),
+                  extend={"mlp": {"lr": 1}}, edge_reasons={}, unit_every_s=UNIT_EVERY_S),
     # 2,000,000 samples (31,250 steps of B = 64; the paper: 200,000 steps), 3 seeds. Hyperparameters chosen on
     # seed 0 after 1000 steps (64,000 samples), on grids around the earlier 64,000-sample sweep's choice
     # (benchmarks/results/teacher_student*.json), extended while the best sits at an end. The parametric softmax
@@ -140,7 +156,7 @@ PRESETS = {
                 extend={"gws": {"beta": 2, "eta": 2, "temperature": 2},
                         "psm": {"lr": 2, "temperature": 2},
                         "mlp": {"lr": 2, "momentum": {"steps": 2, "scale": "log1m"}}},
-                edge_reasons={}),
+                edge_reasons={}, unit_every_s=UNIT_EVERY_S),
     # Tables 2, 6 and 13 as printed: 200,000 steps of B = 64, the full grids, a parametric softmax of 10,240,000
     # rows (Table 6), 5 seeds (App. F); selection on the full runs
     "paper": dict(steps=200_000, batch=64, select_steps=200_000, eval_every=2000,
@@ -152,7 +168,8 @@ PRESETS = {
                            temperature=[0.001, 0.01, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]),
                   mlp=dict(width=[256, 512, 1024, 4096, 8192], lr=[0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0],
                            momentum=[0.0, 0.9, 0.999]),
-                  extend={}, edge_reasons={"*": "the paper's grid (Tables 2, 6, 13), not extended"}),
+                  extend={}, edge_reasons={"*": "the paper's grid (Tables 2, 6, 13), not extended"},
+                  unit_every_s=UNIT_EVERY_S),
 }
 
 _FNS = {"growing_weighted_softmax": run_growing_ws, "parametric_softmax": run_parametric_softmax,
@@ -192,7 +209,7 @@ def run(ctx: Context, cfg: dict) -> dict:
     def train(m, hp, seed, n_steps):
         return _FNS[m](tasks[seed], steps=n_steps, batch=batch, eval_every=cfg["eval_every"], test=tests[seed],
                        progress=ctx.update, seed=seed, eval_at=at if n_steps == steps else None,
-                       **hp, **extra[m])
+                       unit=ctx.unit_dir(), unit_every_s=cfg["unit_every_s"], **hp, **extra[m])
 
     selection, by_seed = {}, {}
     for m in MODELS:
