@@ -161,6 +161,44 @@ def test_newton_steps_claims():
     assert c["ten_match_exact"]["verdict"] == CONTRADICTED
 
 
+# ---- a unit of the cache killed mid-way goes on from its checkpoint -----------------------------------
+
+def test_a_growing_run_killed_mid_way_goes_on_from_its_checkpoint_to_the_uninterrupted_report(tmp_path):
+    import jax
+
+    from growmem.layers import GrowingSpec, ResidualGrowingNet
+    from growmem.repro import runs
+    from growmem.train import Trainer
+
+    data = core.synthetic_images(128, 64, d=64, seed=0)
+
+    def trainer():
+        spec = GrowingSpec.make("weighted_softmax", temperature=1.0, eta=3.0, beta=1.0, init="random", init_rows=16)
+        return Trainer(ResidualGrowingNet(d_out=10, n_blocks=0, readout=spec), loss="cross_entropy",
+                       sample_input=data.x[:16], rng=jax.random.key(0))
+
+    kw = dict(batch=16, epochs=2, seed=3, curve_points=4, curve_test=64, label="t")   # 16 steps, a curve every 4
+    ref = runs.run_growing(_ctx(tmp_path / "ref"), trainer(), data, **kw)
+
+    class Killed(Exception):
+        pass
+
+    def kill(step):
+        if step == 10:
+            raise Killed
+
+    unit = tmp_path / "unit"
+    with pytest.raises(Killed):     # checkpoints after steps 4 and 8 (no wait between them), killed after 10
+        runs.run_growing(_ctx(tmp_path / "a"), trainer(), data, **kw, unit=unit, unit_every_s=0, after_step=kill)
+    ctx = _ctx(tmp_path / "b")
+    told = []
+    ctx.update = told.append
+    out = runs.run_growing(ctx, trainer(), data, **kw, unit=unit, unit_every_s=0)
+    assert told[0] == 8 and sum(told) == 16       # the checkpoint's 8 steps, then 8 trained again
+    for k in ("accuracy", "curve", "epoch_train_loss", "rows", "steps"):
+        assert out[k] == ref[k], k                # bitwise: the batches are a function of the step
+
+
 # ---- the sweep: grids extended until they contain their optimum -----------------------------------
 
 def _ctx(tmp_path):

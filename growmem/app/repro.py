@@ -31,7 +31,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--download", action="store_true", help="download a missing dataset into the cache first")
     p.add_argument("--resume", action="store_true",
                    help="reuse the runs a killed invocation of the same preset finished (OUT/NAME.partial.jsonl); "
-                        "a teacher-student run goes on from its last checkpoint (OUT/NAME.units)")
+                        "a long run (teacher-student, multi-epoch's growing nets) goes on from its last checkpoint "
+                        "(OUT/NAME.units)")
     p.add_argument("--list", action="store_true", help="list the experiments, one line each")
     p.add_argument("--table", action="store_true",
                    help="write OUT/README_TABLE.md (claim | paper | measured | command) from the JSONs in OUT")

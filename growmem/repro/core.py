@@ -366,6 +366,10 @@ class Context:
         shutil.rmtree(self._units, ignore_errors=True)
 
 
+#: a long unit of a reproduction checkpoints itself about this often (seconds; :class:`UnitCheckpoint`)
+UNIT_EVERY_S = 600.0
+
+
 class UnitCheckpoint:
     """A long unit of a reproduction that a kill does not lose: :func:`growmem.train.fit` with the trainer, the
     loop's own record (``carry``: a JSON dict its callbacks fill) and the evaluations so far checkpointed in
@@ -400,9 +404,11 @@ class UnitCheckpoint:
         """The unit's seconds so far, over every process that ran it (checkpoint writes left out)."""
         return self._spent + (time.perf_counter() - self._t0 if self._t0 is not None else 0.0)
 
-    def fit(self, batches, *, steps: int, evaluate=None, eval_every: int = 0, **kw) -> dict:
+    def fit(self, batches, *, steps: int, evaluate=None, eval_every: int = 0,
+            before_save: Optional[Callable[[], None]] = None, **kw) -> dict:
         """``growmem.train.fit`` from :attr:`start` to ``steps``; its ``evals`` from step 0 on and its
-        ``seconds`` over every process that ran the unit."""
+        ``seconds`` over every process that ran the unit. ``before_save()``: called before each checkpoint
+        (e.g. to move what the loop holds on the device into :attr:`carry`)."""
         from ..train import fit
         last = [time.perf_counter()]
 
@@ -413,8 +419,10 @@ class UnitCheckpoint:
             return e
 
         def save(step):
-            if self._ck is None or step == steps or time.perf_counter() - last[0] < self.min_seconds:
+            if step == steps or time.perf_counter() - last[0] < self.min_seconds:
                 return
+            if before_save is not None:
+                before_save()
             self._spent, self._t0 = self.seconds(), None
             self._ck.save(self.trainer, step, config=self.key,
                           extra={"carry": self.carry, "evals": self.evals, "seconds": self._spent})
@@ -422,7 +430,8 @@ class UnitCheckpoint:
 
         self._t0 = time.perf_counter()
         try:
-            out = fit(self.trainer, batches, steps=steps, start=self.start, checkpoint=save, every=self.every,
+            out = fit(self.trainer, batches, steps=steps, start=self.start,
+                      checkpoint=save if self._ck is not None else None, every=self.every,
                       evaluate=ev if evaluate is not None else None, eval_every=eval_every, **kw)
         finally:
             self._spent, self._t0 = self.seconds(), None

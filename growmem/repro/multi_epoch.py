@@ -72,7 +72,8 @@ PRESETS = {
 def _growing(ctx, cfg, data, name, seed):
     pre, tr = runs.preset_trainer({**cfg, "seed": seed}, data, name)
     r = runs.run_growing(ctx, tr, data, batch=cfg["batch"], epochs=cfg["epochs"], seed=seed, label=name,
-                         curve_points=cfg["epochs"], curve_test=len(data.xt), augment=cfg["augment"])
+                         curve_points=cfg["epochs"], curve_test=len(data.xt), augment=cfg["augment"],
+                         unit=ctx.unit_dir())
     r["preset"] = {"name": name, "description": pre.description, "n_blocks": pre.n_blocks}
     return r
 

@@ -15,7 +15,7 @@ and the wall time.
 """
 from __future__ import annotations
 
-import time
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import jax
@@ -24,8 +24,8 @@ import numpy as np
 import optax
 
 from .. import optim
-from ..train import NonFiniteLossError, Trainer, cross_entropy, fit
-from .core import Context, Images, accuracy, batches_for
+from ..train import NonFiniteLossError, Trainer, cross_entropy
+from .core import UNIT_EVERY_S, Context, Images, UnitCheckpoint, accuracy, batches_for
 
 
 def preset_trainer(cfg: dict, data: Images, name: str):
@@ -40,25 +40,43 @@ def preset_trainer(cfg: dict, data: Images, name: str):
     return pre, pre.trainer(data.x[:cfg["batch"]], data.classes, rng=jax.random.key(cfg["seed"]))
 
 
+#: a unit's checkpoint is considered every this many steps (and written once ``unit_every_s`` passed)
+UNIT_STEPS = 100
+
+
 def _curve_every(steps: int, points: int) -> int:
     return max(1, steps // max(points, 1))
 
 
 def _fit_report(ctx: Context, learner, data: Images, *, batch: int, epochs: int, seed: int, curve_points: int,
                 curve_test: int, train_accuracy: bool, train_eval: int, label: str, augment: bool,
-                eval_epochs=None, after_step: Optional[Callable[[int], None]] = None) -> Dict:
+                eval_epochs=None, after_step: Optional[Callable[[int], None]] = None,
+                unit: Optional[Path] = None, unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Train ``learner`` (anything :func:`growmem.train.fit` steps: ``step(x, y)``, ``predict(x)``) for
     ``epochs`` passes over ``data`` and report what every reproduction reports: the final test accuracy,
     the test-accuracy curve against samples, the training accuracy of every epoch (``train_accuracy``),
     the mean training loss of every epoch, the steps, samples and wall time. ``eval_epochs``: evaluate
     only after these epochs (1-based). A non-finite evaluation raises
-    :class:`~growmem.train.NonFiniteLossError` (the state cannot recover)."""
+    :class:`~growmem.train.NonFiniteLossError` (the state cannot recover). ``unit``: a folder where a
+    :class:`~growmem.Trainer` checkpoints itself about every ``unit_every_s`` seconds and from which a rerun
+    goes on (:class:`growmem.repro.core.UnitCheckpoint`; the batches are a function of the step)."""
     batches = batches_for(data, batch, seed=seed, augment=augment)
     per_epoch = batches.per_epoch
     steps = epochs * per_epoch
     every = per_epoch if train_accuracy or eval_epochs is not None else _curve_every(steps, curve_points)
-    losses = []
     xt, yt = data.xt[:curve_test], data.yt[:curve_test]
+    run = UnitCheckpoint(unit, learner, every=min(every, UNIT_STEPS), min_seconds=unit_every_s,
+                         key={"steps": steps, "batch": batch, "seed": seed, "augment": augment})
+    rec = run.carry                    # the training losses so far (host floats), checkpointed with the learner
+    if run.resumed:
+        ctx.update(run.start)
+    else:
+        rec["losses"] = []
+    losses = []                        # device scalars since the last checkpoint: no sync per step
+
+    def flush():
+        rec["losses"] += [float(v) for v in jax.device_get(losses)]
+        losses.clear()
 
     def on_step(step, metrics):
         losses.append(metrics["loss"])
@@ -75,14 +93,13 @@ def _fit_report(ctx: Context, learner, data: Images, *, batch: int, epochs: int,
         ctx.status(f"{label} {step}/{steps} acc {ev['test_accuracy']:.3f}")
         return ev
 
-    t0 = time.perf_counter()
-    out = fit(learner, batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every)
-    seconds = time.perf_counter() - t0
+    out = run.fit(batches, steps=steps, on_step=on_step, evaluate=evaluate, eval_every=every, before_save=flush)
     if out["stopped"]:
         raise NonFiniteLossError(f"{label}: {out['stopped']}")
+    flush()
     evals = [e for e in out["evals"] if "test_accuracy" in e]
-    loss = np.asarray(jax.device_get(losses), np.float64)
-    return {"accuracy": accuracy(learner.predict, data.xt, data.yt), "seconds": seconds, "steps": steps,
+    loss = np.asarray(rec["losses"], np.float64)
+    return {"accuracy": accuracy(learner.predict, data.xt, data.yt), "seconds": out["seconds"], "steps": steps,
             "samples": steps * batch, "curve": [[e["step"] * batch, e["test_accuracy"]] for e in evals],
             "train_curve": ([[e["step"] // per_epoch, e["train_accuracy"]] for e in evals]
                             if train_accuracy else None),
@@ -92,15 +109,17 @@ def _fit_report(ctx: Context, learner, data: Images, *, batch: int, epochs: int,
 def run_growing(ctx: Context, trainer: Trainer, data: Images, *, batch: int, epochs: int = 1, seed: int = 0,
                 curve_points: int = 12, curve_test: int = 2000, train_accuracy: bool = False,
                 train_eval: int = 2000, label: str = "", after_step: Optional[Callable[[int], None]] = None,
-                augment: bool = False) -> Dict:
+                augment: bool = False, unit: Optional[Path] = None, unit_every_s: float = UNIT_EVERY_S) -> Dict:
     """Train ``trainer`` for ``epochs`` passes over ``data`` (batches of ``batch``, reshuffled
     every epoch). ``curve_points`` test accuracies on the first ``curve_test`` test images along
     the way; the final one on the whole test set. ``train_accuracy``: also the accuracy on the
     first ``train_eval`` training images at the end of every epoch. ``augment``: CIFAR epochs
-    augmented as in App. F.1.1. The result also has the rows in use per layer."""
+    augmented as in App. F.1.1. ``unit``: the folder where the run checkpoints itself (e.g.
+    ``ctx.unit_dir()``; only a run whose ``after_step`` keeps no state of its own). The result also has
+    the rows in use per layer."""
     out = _fit_report(ctx, trainer, data, batch=batch, epochs=epochs, seed=seed, curve_points=curve_points,
                       curve_test=curve_test, train_accuracy=train_accuracy, train_eval=train_eval, label=label,
-                      augment=augment, after_step=after_step)
+                      augment=augment, after_step=after_step, unit=unit, unit_every_s=unit_every_s)
     rows = trainer.rows_in_use()
     return {**out, "rows": rows, "total_rows": int(sum(rows.values()))}
 

@@ -29,13 +29,9 @@ from ..data.teacher_student import TeacherStudent
 from ..layers import GrowingSpec, ParametricSoftmax, ResidualGrowingNet, TeacherMLP
 from ..train import Trainer, squared_error
 from . import core
-from .core import Context, Experiment
+from .core import UNIT_EVERY_S, Context, Experiment
 
 # ------------------------------------------------------------------------------------------ the runs
-
-#: a run that a reproduction's cache holds checkpoints itself about this often (seconds; ``--resume`` goes on
-#: from its last checkpoint)
-UNIT_EVERY_S = 600.0
 
 
 def _loop(trainer: Trainer, task: TeacherStudent, *, steps: int, batch: int, eval_every: int,
