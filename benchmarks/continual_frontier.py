@@ -182,11 +182,13 @@ READOUT_T = (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0)
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
     # β = 0.3, the grid's low end, won at 15.7 MB and at 3 MB: there also 0.1 (chosen at 15.7 MB, on the edge:
-    # EDGE_REASONS); T = 0.125, the low end, won at 0.1 MB: T down to 1/64 as the merging readout's
+    # EDGE_REASONS), and 0.1 won at 3 MB with validation still rising: there also 0.03; T = 0.125, the low end,
+    # won at 0.1 MB: T down to 1/64 as the merging readout's
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": READOUT_T,
                                                      "readout.beta": (0.3, 3.0) + ((0.1,) if b >= 3_000_000
-                                                                                   else ())}),
+                                                                                   else ())
+                                                     + ((0.03,) if 3_000_000 <= b < 15_000_000 else ())}),
     # then self-replay's rate at the chosen T and β (tuned at 1 MB so far)
     "net:readout_replay_dct_merge": lambda b, s: _cross(
         {"readout.temperature": 1.0, "readout.beta": 1.0},
