@@ -148,6 +148,29 @@ def _widest_fit_reason(method: str, setting: str, value, budget) -> Optional[str
             f"({2 * int(value)} units take {size})")
 
 
+#: a chosen value on its grid's edge that gains less than this over its neighbour on the validation split (one
+#: seed) is not extended past: the gain has flattened
+FLAT_GAIN = 0.002
+
+
+def _flattened_reason(setting: str, results: list, best: int) -> Optional[str]:
+    """Why ``results[best]``'s value of ``setting``, on its grid's edge, is not extended past: its validation
+    accuracy gains less than :data:`FLAT_GAIN` over the next value inward (the other settings as chosen), the
+    last three values along that line named; ``None`` where it gains more, or fewer than three values ran."""
+    flat = [flat_settings(r["settings"]) for r in results]
+    me = flat[best]
+    line = sorted((f[setting], r["accuracy"]) for f, r in zip(flat, results)
+                  if setting in f and r["accuracy"] is not None and r["within_budget"]
+                  and all(f.get(k) == v for k, v in me.items() if k != setting))
+    if len(line) < 3:
+        return None
+    (v2, a2), (v1, a1), (v0, a0) = line[2::-1] if me[setting] == line[0][0] else line[-3:]
+    if a0 - a1 >= FLAT_GAIN:
+        return None
+    return (f"the gain has flattened (validation {a2:.4f}, {a1:.4f}, {a0:.4f} at {setting} {v2:g}, {v1:g}, {v0:g}, "
+            f"one seed: less than {FLAT_GAIN:g} from the last step)")
+
+
 def _cross(center: dict, **axes):
     """The center and, for each axis, its other values with the rest at the center (one setting moved at a
     time): ``{"overrides": {...}}`` points."""
@@ -181,8 +204,8 @@ def _policy_grid(key, values, below=()):
 READOUT_T = (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0)
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
-    # β = 0.3, the grid's low end, won at 15.7 MB and at 3 MB: there also 0.1 (chosen at 15.7 MB, on the edge:
-    # EDGE_REASONS), and 0.1 won at 3 MB with validation still rising: there also 0.03; T = 0.125, the low end,
+    # β = 0.3, the grid's low end, won at 15.7 MB and at 3 MB: there also 0.1 (chosen at 15.7 MB, on the edge
+    # where its gain flattened), and 0.1 won at 3 MB with validation still rising: there also 0.03; T = 0.125, the low end,
     # won at 0.1 MB: T down to 1/64 as the merging readout's
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": READOUT_T,
@@ -224,19 +247,11 @@ OFFLINE_TUNE_GRID = {
         (30,) if b >= 3_000_000 else ())],
 }
 #: ``{method: {setting: {value: reason}}}``: a chosen value on its grid's edge that is not extended past, and why
+#: (besides the computed reasons: the widest replay model that fits the budget, a gain that has flattened)
 EDGE_REASONS = {
-    "replay_bytes": {"epochs": {
-        1: "one epoch per experience is the fewest an offline run takes",
-        100: "the gain has flattened (validation 0.9242, 0.9262, 0.9275 at 10, 30, 100 epochs on Rotated-MNIST at "
-             "15.7 MB, one seed) and one 100-epoch run took 2,476 s"}},
+    "replay_bytes": {"epochs": {1: "one epoch per experience is the fewest an offline run takes"}},
     "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
     "knn:proj": {"k": {1: "one neighbour is the fewest kNN takes"}},
-    "target:proj_merge": {"keys.dim": {
-        300: "the gain has flattened (validation 0.9441, 0.9461, 0.9467 at 150, 200, 300 on Permuted-MNIST at "
-             "15.7 MB, one seed), and a wider key holds fewer rows at the budget"}},
-    "net:readout_replay_dct": {"readout.beta": {
-        0.1: "the gain has flattened (validation 0.9747, 0.9777, 0.9786 at beta 1, 0.3, 0.1 on Split-MNIST at "
-             "15.7 MB, one seed)"}},
     "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": {
         1e-05: "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
                "this preset with hybrid growth off"}},
@@ -480,7 +495,8 @@ def on_edge(points, best: int) -> list:
 def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=None, budget=None) -> dict:
     """A method's grid at one stream and ``budget``: its points, the best one within the budget (never a point run
     on another version of the preset, whose ``digest`` is given), whether that sits on the grid's edge (and the
-    reason, where EDGE_REASONS gives one, or an online replay's next width would not fit the budget)."""
+    reason, where EDGE_REASONS gives one, an online replay's next width would not fit the budget, or the gain has
+    flattened)."""
     ok = [i for i, r in enumerate(results) if r["accuracy"] is not None and r["within_budget"]
           and not (digest is not None and stale_point(r, digest))]
     best = max(ok, key=lambda i: results[i]["accuracy"]) if ok else None
@@ -489,7 +505,8 @@ def _tuned_entry(method: str, results: list, seed: int, protocol: str, digest=No
     return {"results": results, "chosen": None if best is None else results[best]["settings"], "on_edge": edge,
             "seed": seed, "protocol": protocol,
             "edge_reasons": {k: r for k in edge or [] for r in [EDGE_REASONS.get(method, {}).get(k, {}).get(
-                chosen[k]) or _widest_fit_reason(method, k, chosen[k], budget)] if r}}
+                chosen[k]) or _widest_fit_reason(method, k, chosen[k], budget) or _flattened_reason(k, results, best)]
+                             if r}}
 
 
 def grids(cfg, stream: str, protocol: str, methods=None) -> dict:

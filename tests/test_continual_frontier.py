@@ -499,6 +499,22 @@ def test_each_stream_tunes_the_grids_of_its_own_methods():
                             1, "online", budget=100_000)
     assert small["edge_reasons"]["hidden_size"].endswith(f"(32 units take "
                                                          f"{B.er_model_bytes(784, 32, 10) / 1e3:.0f} kB)")
+    # a value on the edge that gains less than FLAT_GAIN over the next one inward (the others as chosen) is not
+    # extended: the last three values along its line are named; a larger gain, or another line's points, are not
+    line = [({"readout.beta": b, "readout.temperature": 1.0}, a) for b, a in ((3.0, 0.90), (1.0, 0.93), (0.3, 0.95))]
+
+    def entry(last_gain, extra=()):
+        pts = line + [({"readout.beta": 0.1, "readout.temperature": 1.0}, 0.95 + last_gain)] + list(extra)
+        res = [{"settings": {"overrides": o}, "accuracy": a, "bytes_peak": 1, "within_budget": True} for o, a in pts]
+        return cf._tuned_entry("net:readout_replay_dct", res, 1, "online", budget=3_000_000)
+
+    flat = entry(cf.FLAT_GAIN / 2)
+    assert flat["on_edge"] == ["readout.beta"] and flat["edge_reasons"] == {"readout.beta": (
+        f"the gain has flattened (validation 0.9300, 0.9500, {0.95 + cf.FLAT_GAIN / 2:.4f} at readout.beta 1, 0.3, "
+        f"0.1, one seed: less than {cf.FLAT_GAIN:g} from the last step)")}
+    assert entry(2 * cf.FLAT_GAIN)["edge_reasons"] == {}
+    off_line = [({"readout.beta": 0.3, "readout.temperature": 2.0}, 0.1)]   # another T: not on the chosen's line
+    assert entry(cf.FLAT_GAIN / 2, off_line)["edge_reasons"] == flat["edge_reasons"]
 
 
 def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_presets_value_inside(tmp_path, monkeypatch):
