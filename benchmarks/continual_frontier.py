@@ -51,6 +51,7 @@ method, budget and seed), so a ``cpu`` run splits by stream, method, budget or s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -178,11 +179,18 @@ def _cross(center: dict, **axes):
     return [{"overrides": p} for p in pts]
 
 
+#: the tuning document the grids read a readout's chosen T and β from (:func:`_readout_settings`): the one
+#: :func:`tune` or :func:`pending_points` is working on, else the committed file under ``RESULTS``
+_TUNING: dict = {"doc": None}
+
+
 def _readout_settings(budget, method="net:readout_replay_dct") -> dict:
     """``method``'s readout T and β chosen on validation at ``budget`` (the preset's where it was not tuned):
     the policy presets built on ``net:readout_replay_dct`` (novelty, decay, hybrid) are tuned from there, so that
     each differs from it by its policy alone; a readout's replay rate from its own."""
-    chosen = chosen_settings(RESULTS / "continual_frontier_tune.json").get("split_mnist", {}).get(str(int(budget)), {})
+    doc = _TUNING["doc"]
+    tuned = _chosen(doc) if doc is not None else chosen_settings(RESULTS / "continual_frontier_tune.json")
+    chosen = tuned.get("split_mnist", {}).get(str(int(budget)), {})
     over = (chosen.get(method) or {}).get("overrides", {})
     return {k: v for k, v in over.items() if k in ("readout.temperature", "readout.beta")}
 
@@ -205,8 +213,8 @@ READOUT_T = (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0)
 TUNE_GRID = {
     "target:dct_merge": lambda b, s: [{"overrides": {"keys.n": n}} for n in (8, 10, 12, 14, 16)],
     # β = 0.3, the grid's low end, won at 15.7 MB and at 3 MB: there also 0.1 (chosen at 15.7 MB, on the edge
-    # where its gain flattened), and 0.1 won at 3 MB with validation still rising: there also 0.03; T = 0.125, the low end,
-    # won at 0.1 MB: T down to 1/64 as the merging readout's
+    # where its gain flattened), and 0.1 won at 3 MB with validation still rising: there also 0.03; T = 0.125,
+    # the low end, won at 0.1 MB: T down to 1/64 as the merging readout's
     "net:readout_replay_dct": lambda b, s: _cross({"readout.temperature": 1.0, "readout.beta": 1.0},
                                                   **{"readout.temperature": READOUT_T,
                                                      "readout.beta": (0.3, 3.0) + ((0.1,) if b >= 3_000_000
@@ -476,8 +484,12 @@ def chosen_settings(path) -> dict:
     """``{stream: {budget: {method: settings}}}`` chosen by ``--tune`` (``{}`` without a tuning file)."""
     if not Path(path).is_file():
         return {}
-    doc = json.loads(Path(path).read_text())
-    return {st: {b: {m: e["chosen"] for m, e in ms.items()} for b, ms in bs.items()} for st, bs in doc["streams"].items()}
+    return _chosen(json.loads(Path(path).read_text()))
+
+
+def _chosen(doc: dict) -> dict:
+    return {st: {b: {m: e.get("chosen") for m, e in ms.items()} for b, ms in bs.items()}
+            for st, bs in doc["streams"].items()}
 
 
 def on_edge(points, best: int) -> list:
@@ -518,29 +530,42 @@ def grids(cfg, stream: str, protocol: str, methods=None) -> dict:
 
 
 def pending_points(doc: dict, cfg) -> list:
-    """What tuning has left in preset ``cfg``: each stream, budget and protocol's grids (:func:`grids`) against
-    the points the tuning file ``doc`` holds. ``[{"stream", "budget", "protocol", "method", "never_run",
-    "stale", "of"}]`` for each grid with a point never run or run only on another version of the method's
-    preset file (``stale_point``: the choice ignores it), as :func:`_tuned_entry` counts them."""
+    """What tuning has left in preset ``cfg``: each stream, budget and protocol's grids (:func:`grids`, the policy
+    presets' from the readouts' choices in ``doc``) against the points the tuning file ``doc`` holds.
+    ``[{"stream", "budget", "protocol", "method", "never_run", "stale", "of"}]`` for each grid with a point never
+    run or run only on another version of the method's preset file (``stale_point``: the choice ignores it), as
+    :func:`_tuned_entry` counts them."""
     from growmem.continual.methods import preset_digest, resolve
     from growmem.units import parse_size
 
     out = []
-    for protocol in PROTOCOLS:
-        for stream in cfg["streams"]:
-            for b in map(parse_size, cfg["budgets"]):
-                for m, grid in grids(cfg, stream, protocol).items():
-                    digest = preset_digest(resolve(m, stream))
-                    ran = {}
-                    for r in doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", []):
-                        k = json.dumps(r["settings"], sort_keys=True)
-                        ran[k] = ran.get(k, False) or not stale_point(r, digest)
-                    want = [json.dumps(p, sort_keys=True) for p in grid(b, stream)]
-                    never, stale = sum(w not in ran for w in want), sum(ran.get(w) is False for w in want)
-                    if never or stale:
-                        out.append({"stream": stream, "budget": b, "protocol": protocol, "method": m,
-                                    "never_run": never, "stale": stale, "of": len(want)})
+    with _tuning_doc(doc):
+        for protocol in PROTOCOLS:
+            for stream in cfg["streams"]:
+                for b in map(parse_size, cfg["budgets"]):
+                    for m, grid in grids(cfg, stream, protocol).items():
+                        digest = preset_digest(resolve(m, stream))
+                        ran = {}
+                        for r in doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", []):
+                            k = json.dumps(r["settings"], sort_keys=True)
+                            ran[k] = ran.get(k, False) or not stale_point(r, digest)
+                        want = [json.dumps(p, sort_keys=True) for p in grid(b, stream)]
+                        never, stale = sum(w not in ran for w in want), sum(ran.get(w) is False for w in want)
+                        if never or stale:
+                            out.append({"stream": stream, "budget": b, "protocol": protocol, "method": m,
+                                        "never_run": never, "stale": stale, "of": len(want)})
     return out
+
+
+@contextlib.contextmanager
+def _tuning_doc(doc: dict):
+    """The grids read the readouts' choices from ``doc`` inside the block (:data:`_TUNING`)."""
+    before = _TUNING["doc"]
+    _TUNING["doc"] = doc
+    try:
+        yield
+    finally:
+        _TUNING["doc"] = before
 
 
 def tune(args, cfg, streams, seeds, budgets):
@@ -551,9 +576,10 @@ def tune(args, cfg, streams, seeds, budgets):
     With ``--merge`` a point already in the tuning file (same method, budget and settings) is read back, not
     run again: a grid extended past its edge runs only its new points. With ``--combine FILES`` nothing runs:
     the points of tuning files made apart join the file in ``--out`` (a point tried in both: ``newer_point``'s)
-    and each grid's choice is made again over all of them. A growmem point is read back only if it ran on the
-    preset file as it is now (``preset_digest``: a changed preset reruns its grid)."""
-    from growmem.continual.methods import preset_digest, resolve
+    and each grid's choice is made again over all of them. A growmem point is read back unless it ran on
+    another version of the preset file (``stale_point``: a changed preset reruns its grid), as the choice and
+    :func:`pending_points` count it. The policy presets' grids take the readouts' T and β from the file being
+    made (its choices as this run makes them); it is written once, with its ``pending`` points."""
     from growmem.reporting import write_json
 
     path = args.out / "continual_frontier_tune.json"
@@ -561,6 +587,18 @@ def tune(args, cfg, streams, seeds, budgets):
         else {"streams": {}, "invocations": []}
     if args.combine:
         streams = []
+    with _tuning_doc(doc):     # the policy presets' grids from the readouts' choices as this run makes them
+        _tune_grids(args, cfg, streams, seeds, budgets, doc)
+    doc["pending"] = pending_points(doc, cfg)
+    write_json(path, doc)
+    print(f"wrote {path}")
+    return doc
+
+
+def _tune_grids(args, cfg, streams, seeds, budgets, doc):
+    """:func:`tune`'s work on ``doc``: run the grids' points not read back, or combine ``args.combine``."""
+    from growmem.continual.methods import preset_digest, resolve
+
     t0 = time.perf_counter()
     for stream in streams:
         for b in budgets:
@@ -569,7 +607,7 @@ def tune(args, cfg, streams, seeds, budgets):
                 digest = preset_digest(resolve(m, stream))      # a point tried on another version of the preset reruns
                 before = {json.dumps(r["settings"], sort_keys=True): r for r in
                           doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", [])
-                          if r["accuracy"] is not None and r.get("preset_digest") == digest}
+                          if r["accuracy"] is not None and not stale_point(r, digest)}   # as the choice counts
                 for point in grid(b, stream):
                     if json.dumps(point, sort_keys=True) in before:   # a grid that extends: tried points are read back
                         results.append(before[json.dumps(point, sort_keys=True)])
@@ -609,11 +647,6 @@ def tune(args, cfg, streams, seeds, budgets):
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
                summary={st: {b: {m: {"chosen": e["chosen"], "on_edge": e["on_edge"]} for m, e in ms.items()}
                              for b, ms in bs.items()} for st, bs in doc["streams"].items()})
-    write_json(path, doc)
-    doc["pending"] = pending_points(doc, cfg)       # after the write: the readout grids read the choices just made
-    write_json(path, doc)
-    print(f"wrote {path}")
-    return doc
 
 
 def main(argv=None):

@@ -331,6 +331,15 @@ def test_tuning_reruns_a_growmem_point_tried_on_another_version_of_its_preset(tm
     path.write_text(json.dumps(doc))
     cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])
     assert len(calls) == 2 * n
+    # a point recorded before points named their preset's digest is read back, as the choice and pending count it
+    doc = json.loads(path.read_text())
+    for r in doc["streams"]["split_mnist"]["300000"]["target:dct_merge"]["results"]:
+        del r["preset_digest"]
+    path.write_text(json.dumps(doc))
+    cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])
+    assert len(calls) == 2 * n
+    assert not any(p["method"] == "target:dct_merge" and p["budget"] == 300_000
+                   for p in json.loads(path.read_text())["pending"])
 
 
 def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
@@ -542,6 +551,26 @@ def test_the_policy_presets_are_tuned_from_the_readouts_chosen_t_with_their_pres
         assert min(values) < value < max(values), (method, value, values)
         # every point is a preset the loader accepts (the override names an existing entry)
         config.load(method.split(":", 1)[1], overrides=at[0])
+    # a tuning run takes the readout's choice from the file it makes (--out), not the committed one
+    import argparse
+    out = tmp_path / "out"
+    out.mkdir()
+    tune["streams"]["split_mnist"]["300000"]["net:readout_replay_dct"]["chosen"]["overrides"]["readout.beta"] = 0.3
+    tune["streams"]["split_mnist"]["300000"]["net:readout_replay_dct"].update(results=[], on_edge=[])
+    tune["invocations"] = []
+    (out / "continual_frontier_tune.json").write_text(json.dumps(tune))
+    calls = []
+
+    def fake_run(stream, method, seeds, budget, options, **kw):
+        calls.append(kw["settings"]["overrides"])
+        return [{"summary": {"acc_mean_over_experiences": 0.5, "bytes_in_use_peak": 1, "within_budget": True}}]
+
+    monkeypatch.setattr(cf, "run_one", fake_run)
+    args = argparse.Namespace(out=out, merge=True, combine=None, protocol="online", preset="cpu", data_dir=None,
+                              methods="net:readout_replay_dct_decay")
+    doc = cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [300_000])
+    assert calls and all(o["readout.beta"] == 0.3 and o["readout.temperature"] == 0.25 for o in calls)
+    assert not any(p["method"] == "net:readout_replay_dct_decay" and p["budget"] == 300_000 for p in doc["pending"])
     # the novelty preset lets self-replay's rehearsals through its test (copies of stored keys)
     pre = config.load("readout_replay_dct_novelty")
     assert "admit_replayed" in repr(pre.policies()) and pre.self_replay() is not None
