@@ -35,7 +35,8 @@ reported is the final accuracy, the mean over the test experiences.
 **Verdicts**: per stream and budget, the best growmem method against the best other method (by mean),
 paired by seed, by a Student t-test at 95 % (t with n − 1 degrees of freedom; else a tie).
 ``network_verdicts``: the best growing network (``net:*``) against the best online replay of raw images
-(``er_*:raw``), the same way.
+(``er_*:raw``), the same way; ``policy_verdicts``: the growing readout with each of its policies (merging,
+novelty, decay, hybrid) against the readout alone.
 **Ablation** (``--ablation``): ``target:dct_merge`` with one policy changed at a time, paired with the
 full recipe at the same seeds.
 
@@ -370,6 +371,29 @@ def _best_against_best(first: dict, second: dict, compare) -> dict:
     b = [second[o]["accuracy_values"][second[o]["seeds"].index(s)] for s in common]
     return {"growmem": g, "other": o, "seeds": common, "difference": (sum(a) - sum(b)) / max(1, len(a)),
             "verdict": compare(a, b, paired=True)}
+
+
+#: the growing readout alone, and the same readout with one more of growmem's policies (``policy_verdicts``)
+POLICY_BASE = "net:readout_replay_dct"
+POLICY_VARIANTS = ("net:readout_replay_dct_merge", "net:readout_replay_dct_novelty",
+                   "net:readout_replay_dct_decay", "net:readout_replay_dct_hybrid")
+
+
+def policy_verdicts(summary) -> dict:
+    """``{stream: {budget: {variant: verdict}}}``: each of :data:`POLICY_VARIANTS` against :data:`POLICY_BASE`
+    where both ran, paired over their common seeds (:func:`_best_against_best` of one row each)."""
+    from growmem.reporting import compare
+
+    out = {}
+    for stream, by_budget in summary.items():
+        for b, rows in by_budget.items():
+            if POLICY_BASE not in rows:
+                continue
+            for m in POLICY_VARIANTS:
+                if m in rows:
+                    out.setdefault(stream, {}).setdefault(b, {})[m] = _best_against_best(
+                        {m: rows[m]}, {POLICY_BASE: rows[POLICY_BASE]}, compare)
+    return out
 
 
 def summarise(runs, ablation_runs):
@@ -744,7 +768,8 @@ def main(argv=None):
                           "offline_methods": {s: list(m) for s, m in cfg["offline_methods"].items()},
                           "ablation": [[v, o] for v, o in ABLATION], "ablated": ABLATED,
                           "anchors": list(ANCHORS)},
-               "summary": summary, "verdicts": verdicts, "network_verdicts": network_verdicts, "ablation": ablation,
+               "summary": summary, "verdicts": verdicts, "network_verdicts": network_verdicts,
+               "policy_verdicts": policy_verdicts(summary), "ablation": ablation,
                "invocations": unique_invocations(old["invocations"] + [invocation]), "runs": runs,
                "ablation_runs": ablation_runs, "offline": offline}
     out = write_json(path, payload)

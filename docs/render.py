@@ -380,6 +380,21 @@ def render_frontier_untuned(doc, tune) -> str:
                         for (st, pr, m, b), (ran, want, n) in sorted(rows.items())])
 
 
+@renderer("frontier_policies", "continual_frontier.json")
+def render_frontier_policies(doc) -> str:
+    """Per stream and budget (online): the growing readout with one more policy against the readout alone,
+    paired by seed."""
+    rows = []
+    for st, by_budget in doc["policy_verdicts"].items():
+        for b, vs in sorted(by_budget.items(), key=lambda kv: int(kv[0])):
+            for m, v in vs.items():
+                g, o = doc["summary"][st][b][v["growmem"]], doc["summary"][st][b][v["other"]]
+                rows.append([f"{st}, {doc['protocol']}, {mb(int(b))} MB", f"`{m}` {_mean_sd(g)}",
+                             f"`{v['other']}` {_mean_sd(o)}", f"{v['difference']:+.4f}, {v['verdict']}"])
+    return table(["stream, protocol, budget", "the readout with one more policy", "the readout alone",
+                  "difference, paired t-test at 95 %"], rows)
+
+
 @renderer("frontier_networks", "continual_frontier.json")
 def render_frontier_networks(doc) -> str:
     """Per stream and budget: the best growing network (``net:*``) against the best online replay of raw

@@ -294,6 +294,35 @@ def test_tuning_reads_back_the_points_it_already_tried(tmp_path):
     assert len(again["invocations"]) == 2
 
 
+def test_each_policy_of_the_readout_is_paired_with_the_readout_alone_by_seed():
+    """``policy_verdicts``: a variant of the growing readout against the readout alone over their common seeds,
+    by the paired t-test at 95 % (scipy's, computed here); a budget without the readout alone has none."""
+    from scipy import stats
+
+    cf = _frontier()
+
+    def row(values, seeds):
+        return {"accuracy_mean": float(np.mean(values)), "accuracy_values": list(values), "seeds": list(seeds)}
+
+    base = row([0.80, 0.82, 0.81, 0.79], [1, 2, 3, 4])
+    merge = row([0.86, 0.85, 0.84], [2, 3, 4])                  # seed 1 not run: paired over 2, 3, 4
+    novelty = row([0.81, 0.80, 0.82, 0.78], [1, 2, 3, 4])
+    summary = {"split_mnist": {"1000000": {cf.POLICY_BASE: base, "net:readout_replay_dct_merge": merge,
+                                           "net:readout_replay_dct_novelty": novelty, "knn:dct": row([0.9], [1])},
+                               "300000": {"net:readout_replay_dct_merge": merge}}}
+    out = cf.policy_verdicts(summary)
+    assert set(out) == {"split_mnist"} and set(out["split_mnist"]) == {"1000000"}
+    got = out["split_mnist"]["1000000"]
+    assert set(got) == {"net:readout_replay_dct_merge", "net:readout_replay_dct_novelty"}
+    for m, (a, b) in {"net:readout_replay_dct_merge": ([0.86, 0.85, 0.84], [0.82, 0.81, 0.79]),
+                      "net:readout_replay_dct_novelty": ([0.81, 0.80, 0.82, 0.78], [0.80, 0.82, 0.81, 0.79])}.items():
+        d = np.subtract(a, b)
+        want = "tie" if stats.ttest_rel(a, b).pvalue >= 0.05 else "better" if d.mean() > 0 else "worse"
+        assert got[m]["verdict"] == want and got[m]["other"] == cf.POLICY_BASE, m
+        assert got[m]["difference"] == pytest.approx(d.mean()) and len(got[m]["seeds"]) == len(a)
+    assert got["net:readout_replay_dct_merge"]["verdict"] == "better"
+
+
 def test_tuning_reruns_a_growmem_point_tried_on_another_version_of_its_preset(tmp_path, monkeypatch):
     """A tried point is read back only with the preset file's digest it ran on: a changed preset (a policy
     option set in the TOML, not in the point's overrides) reruns the grid instead of reusing stale numbers."""
