@@ -199,8 +199,10 @@ def _readout_settings(budget, method="net:readout_replay_dct") -> dict:
 def _replay_rate(method, values=(1, 2, 4, 8, 16, 32)):
     """Self-replay's rows a step (``replay.samples``; the preset's 16 tried explicitly, so the grid has both
     ends) at ``method``'s own chosen T and β: a second stage after T and β. 8, the first grid's low end, won at
-    1 MB, then 4: also 2 and 1."""
-    return lambda b, s: [{"overrides": {**_readout_settings(b, method), "replay.samples": n}} for n in values]
+    1 MB, then 4: also 2 and 1; 1 won at 0.3 MB with validation falling as the rate rose: below 1 MB also 0
+    (no self-replay: the class-balanced rows alone keep the earlier classes)."""
+    return lambda b, s: [{"overrides": {**_readout_settings(b, method), "replay.samples": n}}
+                         for n in ((0,) if b < 1_000_000 else ()) + tuple(values)]
 
 
 def _policy_grid(key, values, below=()):
@@ -209,6 +211,9 @@ def _policy_grid(key, values, below=()):
                          for v in (tuple(below) if b < 300_000 else ()) + tuple(values)]
 
 
+#: how many times a method's grid is built again in one tuning run when its later stage (the merging readout's
+#: replay rate) follows a choice its points just moved: the points it did not hold before are run, then stop
+STAGE_PASSES = 3
 #: the growing readouts' temperatures tried beside the preset's T = 1
 READOUT_T = (0.015625, 0.03125, 0.0625, 0.125, 0.25, 0.5, 2.0, 4.0)
 TUNE_GRID = {
@@ -632,23 +637,31 @@ def _tune_grids(args, cfg, streams, seeds, budgets, doc):
                 before = {json.dumps(r["settings"], sort_keys=True): r for r in
                           doc["streams"].get(stream, {}).get(str(b), {}).get(m, {}).get("results", [])
                           if r["accuracy"] is not None and not stale_point(r, digest)}   # as the choice counts
-                for point in grid(b, stream):
-                    if json.dumps(point, sort_keys=True) in before:   # a grid that extends: tried points are read back
-                        results.append(before[json.dumps(point, sort_keys=True)])
-                        continue
-                    try:
-                        r = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir, settings=point,
-                                    split="validation", protocol=args.protocol)[0]
-                    except ValueError as e:
-                        results.append({"settings": point, "accuracy": None, "why": str(e)})
-                        continue
-                    results.append({"settings": point, "accuracy": _acc(r), "bytes_peak": r["summary"]["bytes_in_use_peak"],
-                                    "within_budget": r["summary"]["within_budget"], "preset_digest": digest,
-                                    "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-                    print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
-                          f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-                doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
-                    _tuned_entry(m, results, seeds[0], args.protocol, digest, b)
+                seen = set()
+                for _ in range(STAGE_PASSES):   # a later stage's points follow the choice the earlier ones make
+                    todo = [p for p in grid(b, stream) if json.dumps(p, sort_keys=True) not in seen]
+                    if not todo:
+                        break
+                    for point in todo:
+                        key = json.dumps(point, sort_keys=True)
+                        seen.add(key)
+                        if key in before:          # a grid that extends: tried points are read back
+                            results.append(before[key])
+                            continue
+                        try:
+                            r = run_one(stream, m, seeds, b, cfg["streams"][stream], data_dir=args.data_dir,
+                                        settings=point, split="validation", protocol=args.protocol)[0]
+                        except ValueError as e:
+                            results.append({"settings": point, "accuracy": None, "why": str(e)})
+                            continue
+                        results.append({"settings": point, "accuracy": _acc(r),
+                                        "bytes_peak": r["summary"]["bytes_in_use_peak"],
+                                        "within_budget": r["summary"]["within_budget"], "preset_digest": digest,
+                                        "ran_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                        print(f"tune {stream} {m} at {b / 1e6:g} MB {point}: validation {_acc(r):.4f} "
+                              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+                    doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
+                        _tuned_entry(m, results, seeds[0], args.protocol, digest, b)
     invocations = doc["invocations"]
     for other in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):   # grids tuned apart
         for stream, bs in other["streams"].items():

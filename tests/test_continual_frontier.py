@@ -619,3 +619,38 @@ def test_the_merging_readouts_replay_rate_is_tuned_at_its_own_chosen_bandwidth(t
     rate = [p["overrides"] for p in cf.TUNE_GRID["net:readout_replay_dct_merge"](3_000_000, "split_mnist")
             if "replay.samples" in p["overrides"]]
     assert rate == [{"replay.samples": n} for n in (1, 2, 4, 8, 16, 32)]
+    # below 1 MB also no self-replay at all (1 won at 0.3 MB with validation falling as the rate rose)
+    rate = [p["overrides"]["replay.samples"] for p in cf.TUNE_GRID["net:readout_replay_dct_merge"](
+        300_000, "split_mnist") if "replay.samples" in p["overrides"]]
+    assert rate == [0, 1, 2, 4, 8, 16, 32]
+
+
+def test_one_tuning_run_takes_the_replay_rate_to_the_bandwidth_its_first_stage_chose(tmp_path, monkeypatch):
+    """The replay rate's points are built at the merging readout's chosen T; when the run's own first-stage
+    points move that choice, the grid is built again and the rate's points at the new T run in the same
+    invocation (at most STAGE_PASSES times), and none is left pending."""
+    import argparse
+
+    cf = _frontier()
+    monkeypatch.setattr(cf, "RESULTS", tmp_path)          # no committed choice: the preset's T = 1 to start
+    calls = []
+
+    def fake_run(stream, method, seeds, budget, options, **kw):
+        o = kw["settings"]["overrides"]
+        calls.append(o)
+        t = o.get("readout.temperature", 1.0)           # T = 0.25 is best; at it, 2 rows a step
+        acc = 0.9 - abs(t - 0.25) - 0.01 * abs(o.get("replay.samples", 16) - 2)
+        return [{"summary": {"acc_mean_over_experiences": acc, "bytes_in_use_peak": 1, "within_budget": True}}]
+
+    monkeypatch.setattr(cf, "run_one", fake_run)
+    args = argparse.Namespace(out=tmp_path / "out", merge=True, combine=None, protocol="online", preset="cpu",
+                              data_dir=None, methods="net:readout_replay_dct_merge")
+    args.out.mkdir()
+    doc = cf.tune(args, cf.PRESETS["cpu"], ["split_mnist"], [0], [1_000_000])
+    e = doc["streams"]["split_mnist"]["1000000"]["net:readout_replay_dct_merge"]
+    assert e["chosen"] == {"overrides": {"readout.temperature": 0.25, "readout.beta": 1.0, "replay.samples": 2}}
+    at_new_t = [c for c in calls if "replay.samples" in c and c.get("readout.temperature") == 0.25]
+    assert [c["replay.samples"] for c in at_new_t] == [1, 2, 4, 8, 16, 32]
+    assert len(calls) == len({json.dumps(c, sort_keys=True) for c in calls})     # no point ran twice
+    assert not any(p["method"] == "net:readout_replay_dct_merge" and p["budget"] == 1_000_000
+                   for p in doc["pending"])
