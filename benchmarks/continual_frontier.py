@@ -266,6 +266,9 @@ EDGE_REASONS = {
     "replay_bytes": {"epochs": {1: "one epoch per experience is the fewest an offline run takes"}},
     "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
     "knn:proj": {"k": {1: "one neighbour is the fewest kNN takes"}},
+    "net:readout_replay_dct_novelty": {"policy.0.tau": {
+        0.025: "the smallest threshold of the grid: as tau goes to 0 the novelty test turns nothing away and the "
+               "preset is the readout alone, net:readout_replay_dct, which runs beside it"}},
     "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": {
         1e-05: "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
                "this preset with hybrid growth off"}},
