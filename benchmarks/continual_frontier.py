@@ -270,8 +270,8 @@ EDGE_REASONS = {
         0.025: "the smallest threshold of the grid: as tau goes to 0 the novelty test turns nothing away and the "
                "preset is the readout alone, net:readout_replay_dct, which runs beside it"}},
     "net:readout_replay_dct_hybrid": {"hybrid.learning_rate": {
-        1e-05: "validation accuracy falls as the rate rises over the whole grid (1e-5 to 3e-3): a rate of 0 is "
-               "this preset with hybrid growth off"}},
+        1e-05: "the smallest rate of the grid: as the rate goes to 0 hybrid growth turns off and the preset is "
+               "the readout alone on float32 rows"}},
 }
 
 PRESETS = {
