@@ -615,9 +615,9 @@ def tune(args, cfg, streams, seeds, budgets):
     from growmem.reporting import write_json
 
     path = args.out / "continual_frontier_tune.json"
-    doc = json.loads(path.read_text()) if ((args.merge or args.combine) and path.is_file()) \
+    doc = json.loads(path.read_text()) if ((args.merge or args.combine is not None) and path.is_file()) \
         else {"streams": {}, "invocations": []}
-    if args.combine:
+    if args.combine is not None:
         streams = []
     with _tuning_doc(doc):     # the policy presets' grids from the readouts' choices as this run makes them
         _tune_grids(args, cfg, streams, seeds, budgets, doc)
@@ -681,7 +681,7 @@ def _tune_grids(args, cfg, streams, seeds, budgets, doc):
         invocations = invocations + other["invocations"]
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg())}
-    if args.combine:
+    if args.combine is not None:
         invocation["combined"] = [str(f) for f in args.combine]
     doc["invocations"] = unique_invocations(invocations + [invocation])
     doc.update(benchmark="continual_frontier_tune", preset=args.preset, split="validation",
@@ -706,9 +706,10 @@ def main(argv=None):
                                                          "with --protocol offline) on the validation split (first seed) at "
                                                          "every budget, into continual_frontier_tune.json")
     ap.add_argument("--merge", action="store_true", help="add these runs to the JSON already in --out")
-    ap.add_argument("--combine", type=Path, nargs="+", default=None, metavar="JSON",
+    ap.add_argument("--combine", type=Path, nargs="*", default=None, metavar="JSON",
                     help="merge these continual_frontier.json files (run apart) into --out's, run nothing, summarise; "
-                         "with --tune, these continual_frontier_tune.json files")
+                         "with --tune, these continual_frontier_tune.json files; with no file, --out's own file is "
+                         "summarised again (with --tune: its choices, edge reasons and pending points made again)")
     args = ap.parse_args(argv)
     from growmem.runtime import compilation_cache
     compilation_cache()     # seeds and methods after the first load the programs they share instead of compiling
@@ -737,7 +738,7 @@ def main(argv=None):
         for k in ("runs", "ablation_runs"):
             combined[k] = merge_runs(combined[k], doc.get(k, []))
         combined["invocations"] += doc.get("invocations", [])
-    if args.combine:
+    if args.combine is not None:
         streams = []
     for stream in streams:
         if args.ablation:
@@ -766,7 +767,7 @@ def main(argv=None):
               f"({time.perf_counter() - t:.0f} s; ETA {done / (i + 1) * (len(units) - i - 1):.0f} s)",
               file=sys.stderr, flush=True)
 
-    old = json.loads(path.read_text()) if ((args.merge or args.combine) and path.is_file()) else {}
+    old = json.loads(path.read_text()) if ((args.merge or args.combine is not None) and path.is_file()) else {}
     old = {"runs": merge_runs(old.get("runs", []), combined["runs"]),
            "ablation_runs": merge_runs(old.get("ablation_runs", []), combined["ablation_runs"]),
            "invocations": old.get("invocations", []) + combined["invocations"]}
@@ -776,7 +777,7 @@ def main(argv=None):
     invocation = {"command": "python benchmarks/continual_frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "seconds": time.perf_counter() - t0, "load_average_after": list(os.getloadavg()),
                   "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "skipped": skipped}
-    if args.combine:
+    if args.combine is not None:
         invocation["combined"] = [str(f) for f in args.combine]
     payload = {"benchmark": "continual_frontier", "preset": args.preset, "protocol": PROTOCOL,
                "config": {"online_batch": ONLINE_BATCH, "streams": cfg["streams"], "rule": RULE,
