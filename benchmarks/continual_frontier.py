@@ -226,7 +226,7 @@ TUNE_GRID = {
                                                      "readout.beta": (0.3, 3.0) + ((0.1,) if b >= 3_000_000
                                                                                    else ())
                                                      + ((0.03,) if 3_000_000 <= b < 15_000_000 else ())}),
-    # then self-replay's rate at the chosen T and β (tuned at 1 MB so far)
+    # then self-replay's rate at the chosen T and β (a second stage: _replay_rate, STAGE_PASSES)
     "net:readout_replay_dct_merge": lambda b, s: _cross(
         {"readout.temperature": 1.0, "readout.beta": 1.0},
         **{"readout.temperature": READOUT_T, "readout.beta": (0.3, 3.0)})

@@ -379,7 +379,8 @@ class UnitCheckpoint:
     :meth:`fit` goes on from that step — bitwise, where the batches are a function of the step.
     ``folder`` None: a plain ``fit``, nothing saved. ``key``: checked against the saved one."""
 
-    def __init__(self, folder: Optional[Path], trainer, *, every: int, min_seconds: float = 600.0, key=None):
+    def __init__(self, folder: Optional[Path], trainer, *, every: int, min_seconds: float = UNIT_EVERY_S,
+                 key=None):
         if every < 1:
             raise ConfigError(f"a unit checkpoints every >= 1 steps, got every={every}")
         self.trainer, self.every, self.min_seconds = trainer, int(every), float(min_seconds)
