@@ -266,6 +266,9 @@ EDGE_REASONS = {
     "replay_bytes": {"epochs": {1: "one epoch per experience is the fewest an offline run takes"}},
     "knn:dct": {"k": {1: "one neighbour is the fewest kNN takes"}},
     "knn:proj": {"k": {1: "one neighbour is the fewest kNN takes"}},
+    "net:readout_replay_dct_merge": {"replay.samples": {
+        0: "no self-replay at all, the fewest rehearsals a step: the merged class-balanced rows alone keep the "
+           "earlier classes"}},
     "net:readout_replay_dct_novelty": {"policy.0.tau": {
         0.025: "the smallest threshold of the grid: as tau goes to 0 the novelty test turns nothing away and the "
                "preset is the readout alone, net:readout_replay_dct, which runs beside it"}},
@@ -666,7 +669,10 @@ def _tune_grids(args, cfg, streams, seeds, budgets, doc):
                     doc["streams"].setdefault(stream, {}).setdefault(str(b), {})[m] = \
                         _tuned_entry(m, results, seeds[0], args.protocol, digest, b)
     invocations = doc["invocations"]
-    for other in map(lambda f: json.loads(Path(f).read_text()), args.combine or []):   # grids tuned apart
+    others = [json.loads(Path(f).read_text()) for f in args.combine or []]             # grids tuned apart
+    if args.combine == []:          # no file: the file's own entries, their choices and reasons made again
+        others = [json.loads(json.dumps(doc))]
+    for other in others:
         for stream, bs in other["streams"].items():
             for b, ms in bs.items():
                 for m, e in ms.items():

@@ -407,10 +407,11 @@ def test_tuning_files_made_apart_combine_into_one_choice_per_grid(tmp_path):
     assert [i["command"] for i in doc["invocations"]][:2] == ["first", "second"] and len(doc["invocations"]) == 3
     assert doc["invocations"][2]["combined"] == [str(a), str(b)]
     # --combine with no file makes --out's own file's choices again (a grid's reasons changed, say): nothing runs
-    doc["streams"]["split_mnist"]["1000000"]["target:dct_merge"]["chosen"] = {"overrides": {"keys.n": 8}}
-    (out / "continual_frontier_tune.json").write_text(json.dumps(doc))
+    edited = json.loads(json.dumps(doc))
+    edited["streams"]["split_mnist"]["1000000"]["target:dct_merge"]["chosen"] = {"overrides": {"keys.n": 8}}
+    (out / "continual_frontier_tune.json").write_text(json.dumps(edited))
     again = cf.main(["--preset", "smoke", "--tune", "--merge", "--out", str(out), "--combine"])
-    assert again["streams"]["split_mnist"]["1000000"]["target:dct_merge"]["chosen"] == e["chosen"]
+    assert again["streams"]["split_mnist"]["1000000"]["target:dct_merge"]["chosen"] == {"overrides": {"keys.n": 12}}
     assert again["invocations"][-1]["combined"] == [] and len(again["invocations"]) == 4
 
 
